@@ -38,7 +38,7 @@ def be32(value: int) -> int:
     return int(socket.ntohl(value))
 
 
-# ---------------------------------------------------------------------------------------------------- info
+# ---- info
 
 
 class rds_info_counter(ctypes.Structure):
@@ -190,7 +190,7 @@ class rds6_info_rdma_connection(ctypes.Structure):
     ]
 
 
-# ---------------------------------------------------------------------------------------------------- rx trace
+# ---- rx trace
 
 
 class rds_rx_trace_so(ctypes.Structure):
@@ -205,7 +205,7 @@ class rds_cmsg_rx_trace(ctypes.Structure):
     ]
 
 
-# ---------------------------------------------------------------------------------------------------- sockaddr
+# ---- sockaddr
 
 
 class sockaddr(ctypes.Structure):
@@ -285,7 +285,7 @@ def parse_sockaddr(raw: bytes) -> tuple[str, int] | tuple[str, int, int, int]:
     raise ValueError(f"unsupported address family {family}")
 
 
-# ---------------------------------------------------------------------------------------------------- rdma
+# ---- rdma
 
 
 class rds_iovec(ctypes.Structure):
@@ -332,11 +332,16 @@ class _atomic_m_fadd(ctypes.Structure):
 
 
 class _atomic_union(ctypes.Union):
-    _fields_ = [("cswp", _atomic_cswp), ("fadd", _atomic_fadd), ("m_cswp", _atomic_m_cswp), ("m_fadd", _atomic_m_fadd)]
+    _fields_ = [
+        ("cswp", _atomic_cswp),
+        ("fadd", _atomic_fadd),
+        ("m_cswp", _atomic_m_cswp),
+        ("m_fadd", _atomic_m_fadd),
+    ]
 
 
 class rds_atomic_args(ctypes.Structure):
-    """``struct rds_atomic_args``; the anonymous union is reachable as ``args.cswp``/``fadd``/``m_cswp``/``m_fadd``."""
+    """``struct rds_atomic_args``; anonymous union members: ``cswp``, ``fadd``, ``m_cswp``, ``m_fadd``."""
 
     _anonymous_ = ("u",)
     _fields_ = [
