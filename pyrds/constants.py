@@ -23,6 +23,8 @@ RDS_MAX_ZCOOKIES = 8
 TRANSNAMSIZ = 16
 RDS_MPATH_WORKERS = 8
 RDS_FLAG_PROBE_PORT = 1
+RDS_RECONNECT_MIN_DELAY_MS = 1  # sysctl net.rds.reconnect_min_delay_ms default
+RDS_RECONNECT_MAX_DELAY_MS = 1000  # sysctl net.rds.reconnect_max_delay_ms default
 
 
 class SockOpt(enum.IntEnum):
@@ -153,6 +155,7 @@ class ExtHeaderType(enum.IntEnum):
 
 
 RDS_EXTHDR_SIZE = 16
+RDS_EXTHDR_MAX = 16  # __RDS_EXTHDR_MAX: extension types >= this end the extension list
 RDS_HEADER_SIZE = 48
 
 
