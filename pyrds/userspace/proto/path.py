@@ -1,0 +1,340 @@
+"""One RDS/TCP connection path (``struct rds_conn_path``) as a sans-IO state machine.
+
+Send side (net/rds/send.c, tcp_send.c): every message gets the path's next sequence number (from 1; pings and
+pongs too); messages handed to TCP stay unacked until the peer's TCP acknowledged their last byte; after a
+reconnect every unacked message is sent again, first and in order, with ``RDS_FLAG_RETRANSMITTED`` and its
+old sequence number.  Path 0 sends the local congestion map (seq 0, never retransmitted) before anything else.
+
+Receive side (tcp_recv.c, recv.c ``rds_recv_incoming``): ``h_flags == CONG_BITMAP`` is a congestion map
+(ignored unless exactly 8192 bytes, never touches sequence state); otherwise a message with
+``seq < next_rx_seq`` and RETRANSMITTED set is dropped, anything else sets ``next_rx_seq = seq + 1``; a ping (dport 0, sport != 0) is
+answered with a pong when ping_enable; probe ping/pong carry the NPATHS handshake.  Regular pongs
+(sport 0, dport != 1) are ordinary messages for the socket bound to dport, as in the kernel (rds-ping).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+
+from pyrds.constants import RDS_CONG_MAP_BYTES, RDS_FLAG_PROBE_PORT, RDS_MAX_MSG_SIZE, HeaderFlag
+from pyrds.userspace.proto.cong import CongestionMap, encode_cong_map_message
+from pyrds.userspace.proto.errors import ProtocolError
+from pyrds.userspace.proto.events import (
+    AckedMessage,
+    CongMapDropped,
+    CongMapReceived,
+    DuplicateDropped,
+    Event,
+    MessageReceived,
+    NpathsNegotiated,
+    PeerGenChanged,
+    PingReceived,
+    PongReceived,
+    UnackedMessage,
+)
+from pyrds.userspace.proto.framer import Frame, MessageFramer
+from pyrds.userspace.proto.handshake import AddressLike, negotiate_npaths, peer_gen_num, probe_exthdrs
+from pyrds.userspace.proto.header import ExtHeader, RDSHeader
+
+__all__ = ["PathEngine", "PathState", "SendQueueFull"]
+
+
+class PathState(enum.IntEnum):
+    """``RDS_CONN_*`` (values as in net/rds/rds.h)."""
+
+    DOWN = 0
+    CONNECTING = 1
+    DISCONNECTING = 2
+    UP = 3
+    ERROR = 5
+
+
+class SendQueueFull(Exception):
+    """:meth:`PathEngine.queue` would exceed the caller-supplied queue limits."""
+
+
+@dataclass(slots=True)
+class _Out:
+    header: RDSHeader
+    payload: bytes
+    end: int = 0  # connection byte offset just past this message, once written
+
+
+class PathEngine:
+    """State of one (laddr, faddr, path index) TCP connection; see the module docstring."""
+
+    def __init__(
+        self,
+        laddr: AddressLike,
+        faddr: AddressLike,
+        index: int = 0,
+        *,
+        local_map: CongestionMap | None = None,
+        ping_enable: bool = True,
+        max_len: int = RDS_MAX_MSG_SIZE,
+        max_queued_bytes: int | None = None,
+        max_queued_msgs: int | None = None,
+    ) -> None:
+        self.laddr = laddr
+        self.faddr = faddr
+        self.index = index
+        self.local_map = local_map if local_map is not None else CongestionMap()
+        self.ping_enable = ping_enable
+        self.max_len = max_len
+        self.max_queued_bytes = max_queued_bytes
+        self.max_queued_msgs = max_queued_msgs
+        self.framer = MessageFramer(max_len)
+        self._state = PathState.DOWN
+        self.state_changed_at: float | None = None
+        self._next_tx_seq = 1
+        self._next_rx_seq = 0
+        self._send_queue: deque[_Out] = deque()  # not yet written on this connection
+        self._written: deque[_Out] = deque()  # written on this connection, not yet acked
+        self._queued_bytes = 0  # payload bytes in both queues
+        self._cong_pending = False
+        self._tx_bytes = 0  # bytes handed out by bytes_to_send() on this connection
+        self._acked_bytes = 0
+        self._npaths = 0
+        self._peer_gen = 0
+        self.pongs_dropped = 0
+
+    # -- info ---------------------------------------------------------------------------------------------
+    @property
+    def state(self) -> PathState:
+        return self._state
+
+    @property
+    def next_tx_seq(self) -> int:
+        return self._next_tx_seq
+
+    @property
+    def next_rx_seq(self) -> int:
+        return self._next_rx_seq
+
+    @property
+    def npaths(self) -> int:
+        """Negotiated ``c_npaths`` (0 until a probe ping/pong was received)."""
+        return self._npaths
+
+    @property
+    def peer_gen_num(self) -> int:
+        return self._peer_gen
+
+    @property
+    def queued_bytes(self) -> int:
+        """Payload bytes not yet acked (queued or in flight)."""
+        return self._queued_bytes
+
+    @property
+    def queued_msgs(self) -> int:
+        return len(self._send_queue) + len(self._written)
+
+    @property
+    def unacked(self) -> list[UnackedMessage]:
+        """Messages handed to TCP and not acked yet, including those requeued for retransmission."""
+        rows = [_row(m) for m in self._written]
+        rows.extend(_row(m) for m in self._send_queue if m.header.flags & HeaderFlag.RETRANSMITTED)
+        rows.sort(key=lambda r: r.seq)
+        return rows
+
+    @property
+    def unsent(self) -> list[UnackedMessage]:
+        """Messages queued but never handed to TCP."""
+        return [_row(m) for m in self._send_queue if not m.header.flags & HeaderFlag.RETRANSMITTED]
+
+    # -- send side ----------------------------------------------------------------------------------------
+    def queue(
+        self,
+        sport: int,
+        dport: int,
+        payload: bytes,
+        extra_flags: int = 0,
+        exthdr: tuple[ExtHeader, ...] | list[ExtHeader] | None = None,
+    ) -> int:
+        """Queue a message (any state: it goes out once UP); returns its sequence number."""
+        if len(payload) > self.max_len:
+            raise ValueError(f"payload of {len(payload)} bytes exceeds {self.max_len}")
+        if extra_flags & ~0xFF or extra_flags & HeaderFlag.CONG_BITMAP:
+            raise ValueError("extra_flags must be a u8 without CONG_BITMAP")
+        if (self.max_queued_msgs is not None and self.queued_msgs + 1 > self.max_queued_msgs) or (
+            self.max_queued_bytes is not None and self._queued_bytes + len(payload) > self.max_queued_bytes
+        ):
+            raise SendQueueFull(f"path {self.index}: {self.queued_msgs} msgs / {self._queued_bytes} bytes")
+        return self._enqueue(sport, dport, bytes(payload), extra_flags, tuple(exthdr or ()))
+
+    def _enqueue(
+        self, sport: int, dport: int, payload: bytes, flags: int, exthdr: tuple[ExtHeader, ...]
+    ) -> int:
+        seq = self._next_tx_seq
+        header = RDSHeader(seq, 0, len(payload), sport, dport, flags, 0, 0, exthdr)
+        header.encode()  # validate ranges now, not at drain time
+        self._next_tx_seq += 1
+        self._send_queue.append(_Out(header, payload))
+        self._queued_bytes += len(payload)
+        return seq
+
+    def send_ping(self, sport: int) -> int:
+        """Queue a ping from ``sport`` to port 0 (the peer answers with an empty pong to ``sport``)."""
+        return self.queue(sport, 0, b"")
+
+    def send_probe(self) -> int:
+        """Queue the multipath handshake ping (``rds_send_ping``): sport 1 -> dport 0 with NPATHS."""
+        return self.queue(RDS_FLAG_PROBE_PORT, 0, b"", exthdr=probe_exthdrs())
+
+    def queue_cong_map(self) -> None:
+        """Send ``local_map`` before the next queued message (coalesces like ``c_map_queued``)."""
+        self._cong_pending = True
+
+    def bytes_to_send(self, max_bytes: int | None = None) -> bytes:
+        """Drain whole messages to write to the TCP socket (at least one if any, then up to ``max_bytes``)."""
+        if self._state != PathState.UP:
+            return b""
+        out = bytearray()
+        if self._cong_pending:
+            self._cong_pending = False
+            out += encode_cong_map_message(self.local_map)
+        while self._send_queue and (max_bytes is None or not out or len(out) < max_bytes):
+            msg = self._send_queue.popleft()
+            out += msg.header.encode()
+            out += msg.payload
+            msg.end = self._tx_bytes + len(out)
+            self._written.append(msg)
+        self._tx_bytes += len(out)
+        return bytes(out)
+
+    @property
+    def tx_bytes(self) -> int:
+        """Bytes handed out by :meth:`bytes_to_send` on this connection."""
+        return self._tx_bytes
+
+    def acked_through(self, total_bytes_acked: int) -> list[AckedMessage]:
+        """The peer's TCP acked ``total_bytes_acked`` bytes of this connection: free fully acked messages."""
+        if total_bytes_acked > self._tx_bytes:
+            raise ValueError(f"acked {total_bytes_acked} > written {self._tx_bytes}")
+        if total_bytes_acked <= self._acked_bytes:
+            return []
+        self._acked_bytes = total_bytes_acked
+        done: list[AckedMessage] = []
+        while self._written and self._written[0].end <= total_bytes_acked:
+            msg = self._written.popleft()
+            self._queued_bytes -= len(msg.payload)
+            h = msg.header
+            done.append(AckedMessage(h.sequence, h.length, h.sport, h.dport, h.flags))
+        return done
+
+    # -- connection life cycle ----------------------------------------------------------------------------
+    def connecting(self, now: float) -> None:
+        self._set_state(PathState.CONNECTING, now)
+
+    def connection_made(self, now: float) -> None:
+        """TCP is established: requeue unacked messages as retransmissions, path 0 queues the cong map."""
+        if self._state == PathState.UP:
+            raise ValueError("path is already up")
+        resend = [_Out(m.header.with_flags(HeaderFlag.RETRANSMITTED), m.payload) for m in self._written]
+        self._written.clear()
+        self._send_queue.extendleft(reversed(resend))
+        self._tx_bytes = 0
+        self._acked_bytes = 0
+        self.framer.reset()
+        if self.index == 0:
+            self._cong_pending = True
+        self._set_state(PathState.UP, now)
+
+    def connection_lost(self, now: float) -> None:
+        """TCP is gone: partial input is discarded; unacked messages wait for the next connection."""
+        self.framer.reset()
+        self._cong_pending = False
+        self._set_state(PathState.DOWN, now)
+
+    def disconnecting(self, now: float) -> None:
+        self._set_state(PathState.DISCONNECTING, now)
+
+    def _set_state(self, state: PathState, now: float) -> None:
+        self._state = state
+        self.state_changed_at = now
+
+    def reset_sequences(self) -> None:
+        """Peer restarted (GEN_NUM changed): seqs restart and unacked messages are flushed, not resent."""
+        self._next_tx_seq = 1
+        self._next_rx_seq = 0
+        for msg in self._written:
+            self._queued_bytes -= len(msg.payload)
+        self._written.clear()
+        kept = [m for m in self._send_queue if not m.header.flags & HeaderFlag.RETRANSMITTED]
+        for msg in self._send_queue:
+            if msg.header.flags & HeaderFlag.RETRANSMITTED:
+                self._queued_bytes -= len(msg.payload)
+        self._send_queue = deque(kept)
+
+    # -- receive side -------------------------------------------------------------------------------------
+    def feed(self, data: bytes | bytearray | memoryview, now: float) -> list[Event]:
+        """Bytes from TCP -> events.  Raises :class:`ProtocolError` (state ERROR) on a corrupt stream;
+        events from messages that preceded the bad bytes are in the exception's ``partial``."""
+        try:
+            frames = self.framer.feed(data)
+        except ProtocolError:
+            self._state = PathState.ERROR
+            raise
+        events: list[Event] = []
+        for frame in frames:
+            self._on_frame(frame, now, events)
+        err = self.framer.error
+        if err is not None:
+            self._state = PathState.ERROR
+            err.partial = list(events)
+            raise err
+        return events
+
+    def _on_frame(self, frame: Frame, now: float, events: list[Event]) -> None:
+        h, payload = frame
+        if h.flags == HeaderFlag.CONG_BITMAP:
+            if h.length != RDS_CONG_MAP_BYTES:
+                events.append(CongMapDropped(h.length))
+            else:
+                events.append(CongMapReceived(CongestionMap.from_bytes(payload)))
+            return
+        if h.sequence < self._next_rx_seq and h.flags & HeaderFlag.RETRANSMITTED:
+            events.append(DuplicateDropped(h.sequence))
+            return
+        self._next_rx_seq = h.sequence + 1
+        if self.ping_enable and h.dport == 0:
+            if h.sport == 0:
+                return  # "ignore ping with 0 sport"
+            queued = self._queue_pong(h.sport)
+            events.append(PingReceived(h.sport, h.sequence, queued))
+            if h.sport == RDS_FLAG_PROBE_PORT:
+                self._handshake(h, events)
+            return
+        if h.dport == RDS_FLAG_PROBE_PORT and h.sport == 0:
+            events.append(PongReceived(h.dport))
+            self._handshake(h, events)
+            return
+        events.append(MessageReceived(h, payload, now))
+
+    def _queue_pong(self, dport: int) -> bool:
+        # Pongs bypass the caller's queue limits (rds_send_pong has none) but are bounded by twice them.
+        limit_m = self.max_queued_msgs
+        if limit_m is not None and self.queued_msgs >= 2 * limit_m:
+            self.pongs_dropped += 1
+            return False
+        exthdr = probe_exthdrs() if dport == RDS_FLAG_PROBE_PORT else ()
+        self._enqueue(0, dport, b"", 0, exthdr)
+        return True
+
+    def _handshake(self, h: RDSHeader, events: list[Event]) -> None:
+        self._npaths = negotiate_npaths(h.exthdr, self._npaths)
+        events.append(NpathsNegotiated(self._npaths))
+        gen = peer_gen_num(h.exthdr)
+        if gen:
+            if self._peer_gen and gen != self._peer_gen:
+                old = self._peer_gen
+                self.reset_sequences()
+                events.append(PeerGenChanged(old, gen))
+            self._peer_gen = gen
+
+
+def _row(m: _Out) -> UnackedMessage:
+    h = m.header
+    return UnackedMessage(h.sequence, h.length, h.sport, h.dport, h.flags)
