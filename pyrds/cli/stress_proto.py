@@ -1,0 +1,183 @@
+"""Wire conventions of ``pyrds stress`` and the passive (server) side.
+
+Data messages are zero-filled payloads of the requested size. Control messages start with ``MAGIC`` followed
+by JSON: ``hello`` (mode, ack size) -> ``ready``; ``fin`` -> ``done`` (what the passive side received).
+A zero-filled data message can never start with MAGIC, so every size, including 0 bytes, is usable.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import selectors
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from pyrds.api import RDSSocketBase
+
+MAGIC = b"\xfePYRDS-STRESS\x01"
+RECV_BUF = (1 << 20) + 64
+RETRY_ERRNOS = (errno.EAGAIN, errno.ENOBUFS, errno.ETIMEDOUT, errno.EINTR)
+
+
+class StressError(Exception):
+    """A run failed (peer silent, send error); printed as one line."""
+
+
+def control(op: str, **fields: Any) -> bytes:
+    return MAGIC + json.dumps({"op": op, **fields}).encode()
+
+
+def parse_control(data: bytes) -> dict[str, Any] | None:
+    if not data.startswith(MAGIC):
+        return None
+    try:
+        doc = json.loads(data[len(MAGIC) :])
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def wait_fd(sock: RDSSocketBase, events: int, timeout: float) -> bool:
+    with selectors.DefaultSelector() as sel:
+        sel.register(sock.fileno(), events)
+        return bool(sel.select(timeout))
+
+
+def send_retry(sock: RDSSocketBase, data: bytes, addr: Any, deadline: float, stop: threading.Event) -> None:
+    """Send on a non-blocking socket, waiting out a full send queue or a congested peer until ``deadline``."""
+    backoff = 0.0005
+    while True:
+        try:
+            sock.sendto(data, addr)
+            return
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            if exc.errno not in RETRY_ERRNOS:
+                raise
+        if stop.is_set() or time.monotonic() > deadline:
+            raise StressError("send stalled: the peer is not draining (congested or unreachable)")
+        if not wait_fd(sock, selectors.EVENT_WRITE, 0.05):
+            continue
+        # POLLOUT says there is send space; ENOBUFS (congestion) is not reflected there, so back off a little
+        time.sleep(backoff)
+        backoff = min(backoff * 2, 0.02)
+
+
+def recv_wait(sock: RDSSocketBase, timeout: float) -> tuple[bytes, Any] | None:
+    """One message from a non-blocking socket, or None after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            data, _anc, _flags, addr = sock.recvmsg(RECV_BUF)
+            return data, addr
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            if exc.errno not in RETRY_ERRNOS:
+                raise
+        left = end - time.monotonic()
+        if left <= 0:
+            return None
+        wait_fd(sock, selectors.EVENT_READ, min(left, 0.2))
+
+
+@dataclass
+class _Peer:
+    mode: str
+    ack: int
+    started: float
+    received: int = 0
+    rbytes: int = 0
+
+
+def serve(sock: RDSSocketBase, once: bool, as_json: bool, out: Any = None) -> int:
+    """Answer stress clients until SIGINT/SIGTERM (or, with ``once``, until the first run finishes)."""
+    out = out or sys.stdout
+    stop = threading.Event()
+
+    def on_signal(_sig: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    old = signal.signal(signal.SIGTERM, on_signal)
+    peers: dict[Any, _Peer] = {}
+    acks: dict[int, bytes] = {}
+    finished = 0
+    sock.setblocking(False)
+    try:
+        while not stop.is_set():
+            try:
+                data, _anc, _flags, addr = sock.recvmsg(RECV_BUF)
+            except BlockingIOError:
+                wait_fd(sock, selectors.EVENT_READ, 0.2)
+                continue
+            except OSError as exc:
+                if exc.errno in RETRY_ERRNOS:
+                    wait_fd(sock, selectors.EVENT_READ, 0.2)
+                    continue
+                raise
+            peer = peers.get(addr)
+            if peer is not None and not data.startswith(MAGIC):
+                peer.received += 1
+                peer.rbytes += len(data)
+                if peer.mode == "rr":
+                    reply = acks.get(peer.ack)
+                    if reply is None:
+                        reply = acks.setdefault(peer.ack, bytes(peer.ack))
+                    send_retry(sock, reply, addr, time.monotonic() + 30.0, stop)
+                continue
+            ctl = parse_control(data)
+            if ctl is None:
+                continue  # data from a peer that never said hello: ignore
+            op = ctl.get("op")
+            if op == "hello":
+                mode = "rr" if ctl.get("mode") == "rr" else "oneway"
+                peers[addr] = _Peer(mode, max(0, int(ctl.get("ack", 0))), time.monotonic())
+                send_retry(sock, control("ready"), addr, time.monotonic() + 10.0, stop)
+            elif op == "fin" and addr in peers:
+                p = peers.pop(addr)
+                elapsed = max(time.monotonic() - p.started, 1e-9)
+                send_retry(
+                    sock,
+                    control("done", received=p.received, bytes=p.rbytes),
+                    addr,
+                    time.monotonic() + 10.0,
+                    stop,
+                )
+                _report_peer(out, addr, p, elapsed, as_json)
+                finished += 1
+                if once:
+                    break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    return 0 if (finished or not once) else 1
+
+
+def _report_peer(out: Any, addr: Any, p: _Peer, elapsed: float, as_json: bool) -> None:
+    rate = p.received / elapsed
+    if as_json:
+        doc = {
+            "role": "passive",
+            "peer": list(addr),
+            "mode": p.mode,
+            "received": p.received,
+            "bytes": p.rbytes,
+            "seconds": round(elapsed, 3),
+            "msgs_per_s": round(rate, 1),
+        }
+        print(json.dumps(doc), file=out, flush=True)
+    else:
+        print(
+            f"peer {addr[0]}:{addr[1]} ({p.mode}): received {p.received} msgs, {p.rbytes} bytes "
+            f"in {elapsed:.2f} s ({rate:.0f} msgs/s)",
+            file=out,
+            flush=True,
+        )
