@@ -7,8 +7,9 @@ old sequence number.  Path 0 sends the local congestion map (seq 0, never retran
 
 Receive side (tcp_recv.c, recv.c ``rds_recv_incoming``): ``h_flags == CONG_BITMAP`` is a congestion map
 (ignored unless exactly 8192 bytes, never touches sequence state); otherwise a message with
-``seq < next_rx_seq`` and RETRANSMITTED set is dropped, anything else sets ``next_rx_seq = seq + 1``; a ping (dport 0, sport != 0) is
-answered with a pong when ping_enable; probe ping/pong carry the NPATHS handshake.  Regular pongs
+``seq < next_rx_seq`` and RETRANSMITTED set is dropped, anything else sets ``next_rx_seq = seq + 1``;
+a ping (dport 0, sport != 0) is answered with a pong when ping_enable; probe ping/pong carry the NPATHS
+handshake.  Regular pongs
 (sport 0, dport != 1) are ordinary messages for the socket bound to dport, as in the kernel (rds-ping).
 """
 
