@@ -1,0 +1,93 @@
+"""``python -m vm``: run commands inside QEMU guests booted from the bookworm 6.1 kernel."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from vm import accel as accel_mod
+from vm import guestpy
+from vm.kernel import KernelNotFound, find_kernel
+from vm.runner import HarnessError, RunConfig, run
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m vm", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="boot once, run CMD in the guest, exit with its status")
+    r.add_argument("--topology", choices=("netns", "two-guests"), default="netns")
+    r.add_argument("--junit", metavar="PATH", help="copy the guest's JUnit XML here (pytest gets --junitxml)")
+    r.add_argument("--timeout", type=float, default=1200.0, help="whole-run bound in seconds (default 1200)")
+    r.add_argument(
+        "--accel", choices=("auto", "kvm", "tcg"), default=None, help="default $PYRDS_VM_ACCEL/auto"
+    )
+    r.add_argument("--cpus", "-p", type=int, default=None, help="vCPUs per guest (default 2, two-guests 1)")
+    r.add_argument("--memory", "-m", default=None, help="memory per guest (default 2G, two-guests 1G)")
+    r.add_argument("--kernel", help="guest kernel image (default newest /boot/vmlinuz-6.1.0-*-amd64)")
+    r.add_argument("--peer-cmd", default="sleep infinity", help="guest B's agent (shell words; two-guests)")
+    r.add_argument("--modules", default=None, help="comma list of modules to modprobe (default: RDS set)")
+    r.add_argument("--system-python", action="store_true", help="don't use the guest venv (Debian's python3)")
+    r.add_argument("--keep-results", action="store_true", help="keep the shared results directory")
+    r.add_argument("--verbose", "-v", action="store_true", help="show the guest kernel console")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD...")
+
+    sub.add_parser("setup", help="create/refresh the guest venv (~/.cache/pyrds/guest-venv)")
+    a = sub.add_parser("accel", help="print the accelerator auto mode picks (probes KVM once)")
+    a.add_argument("--kernel")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "setup":
+            bin_dir = guestpy.ensure_venv(create=True)
+            print(bin_dir or "guest venv unavailable")
+            return 0 if bin_dir else 1
+        kernel = find_kernel(args.kernel)
+        if args.command == "accel":
+            acc, why = accel_mod.resolve_accel(kernel.vmlinuz)
+            print(f"{acc}: {why}")
+            return 0
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not cmd:
+            raise HarnessError("no command given: python -m vm run [options] -- CMD...")
+        acc, why = accel_mod.resolve_accel(kernel.vmlinuz, args.accel)
+        two = args.topology == "two-guests"
+        venv_bin = None if args.system_python else guestpy.ensure_venv(create=True)
+        cfg = RunConfig(
+            kernel=kernel,
+            accel=acc,
+            cmd=cmd,
+            topology=args.topology,
+            cpus=args.cpus or (1 if two else 2),
+            memory=args.memory or ("1G" if two else "2G"),
+            timeout=args.timeout,
+            junit=args.junit,
+            peer_cmd=shlex.split(args.peer_cmd),
+            venv_bin=venv_bin,
+            modules=args.modules,
+            keep_results=args.keep_results,
+            verbose=args.verbose,
+        )
+        print(
+            f"[vm] kernel {kernel.release}, accel {acc} ({why}), topology {cfg.topology}, "
+            f"python {'venv ' + venv_bin if venv_bin else guestpy.SYSTEM_PYTHON}",
+            file=sys.stderr,
+        )
+        res = run(cfg)
+    except (KernelNotFound, HarnessError, ValueError) as exc:
+        print(f"python -m vm: error: {exc}", file=sys.stderr)
+        return 2
+    for msg in res.messages:
+        print(f"[vm] {msg}", file=sys.stderr)
+    boot = f"{res.boot_s:.1f} s" if res.boot_s is not None else "n/a"
+    up = f"{res.guest_uptime_s:.1f} s" if res.guest_uptime_s is not None else "n/a"
+    print(
+        f"[vm] boot to CMD {boot} (guest uptime {up}); total wall {res.wall_s:.1f} s; exit status {res.rc}"
+        + (f"; results kept in {res.results_dir}" if args.keep_results else ""),
+        file=sys.stderr,
+    )
+    return res.rc

@@ -1,0 +1,256 @@
+"""Host side: boot guests with virtme-ng, relay their output, enforce the timeout, collect results."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO
+
+from vm.accel import Accel
+from vm.kernel import GuestKernel
+from vm.paths import REPO_ROOT, cache_dir
+
+GUEST_SCRIPT = os.path.join(REPO_ROOT, "vm", "guest.py")
+GUEST_SYSTEM_PYTHON = "/usr/bin/python3"
+LINK_NET = "10.99.0"
+MACS = {"a": "52:54:00:99:00:01", "b": "52:54:00:99:00:02"}
+ADDRS = {"a": f"{LINK_NET}.1", "b": f"{LINK_NET}.2"}
+PEER_GRACE_S = 30.0
+
+
+class HarnessError(RuntimeError):
+    """The harness itself cannot run (missing tool, bad arguments)."""
+
+
+@dataclass
+class RunConfig:
+    kernel: GuestKernel
+    accel: Accel
+    cmd: list[str]
+    topology: str = "netns"
+    cpus: int = 2
+    memory: str = "2G"
+    timeout: float = 1200.0
+    junit: str | None = None
+    peer_cmd: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
+    venv_bin: str | None = None
+    modules: str | None = None
+    keep_results: bool = False
+    verbose: bool = False
+
+
+@dataclass
+class RunResult:
+    rc: int
+    boot_s: float | None  # host wall time from launch until CMD started in guest A
+    guest_uptime_s: float | None  # guest A's uptime when CMD started
+    wall_s: float
+    results_dir: str
+    timed_out: bool = False
+    messages: list[str] = field(default_factory=list)
+
+
+def _vng() -> str:
+    vng = shutil.which("vng")
+    if vng is None:
+        raise HarnessError("virtme-ng not found: pip install virtme-ng (1.42 is known to work)")
+    return vng
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _substitute(cmd: Sequence[str], results_a: str, junit_guest: str) -> list[str]:
+    return [a.replace("{junit}", junit_guest).replace("{results}", results_a) for a in cmd]
+
+
+def _looks_like_pytest(cmd: Sequence[str]) -> bool:
+    names = [os.path.basename(a) for a in cmd[:3]]
+    return "pytest" in names or any(a == "pytest" for a in cmd[1:3])
+
+
+def guest_command(cfg: RunConfig, role: str, results: str, port: int | None) -> list[str]:
+    """The vng argv for guest ``role`` ('a' runs CMD, 'b' runs the peer agent)."""
+    argv = [_vng(), "--run", cfg.kernel.vmlinuz, "-p", str(cfg.cpus), "-m", cfg.memory]
+    if cfg.accel == "tcg":
+        argv.append("--disable-kvm")
+    argv += ["--name", f"pyrds-{role}", "--cwd", REPO_ROOT, "--rwdir", results, "--overlay-rwdir", REPO_ROOT]
+    if cfg.verbose:
+        argv.append("--verbose")
+    inner = [GUEST_SYSTEM_PYTHON, GUEST_SCRIPT, "--results", results, "--role", role, "--repo", REPO_ROOT]
+    if cfg.venv_bin:
+        inner += ["--venv-bin", cfg.venv_bin]
+    if cfg.modules is not None:
+        inner += ["--modules", cfg.modules]
+    if cfg.topology == "two-guests":
+        assert port is not None
+        mode = "listen" if role == "a" else "connect"
+        qemu = (
+            f"-netdev socket,id=pyrdsnet,{mode}=127.0.0.1:{port} "
+            f"-device virtio-net-pci,netdev=pyrdsnet,mac={MACS[role]}"
+        )
+        argv.append(f"--qemu-opts={qemu}")  # vng quirk: the '=' form, else the value is taken as a flag
+        other = "b" if role == "a" else "a"
+        inner += ["--mac", MACS[role], "--addr", f"{ADDRS[role]}/24", "--peer-addr", ADDRS[other]]
+        if role == "a":
+            inner.append("--wait-peer")
+    if role == "a":
+        junit_guest = os.path.join(results, "a", "junit.xml")
+        cmd = _substitute(cfg.cmd, os.path.join(results, "a"), junit_guest)
+        if cfg.junit and not any("{junit}" in a for a in cfg.cmd) and _looks_like_pytest(cmd):
+            if not any(a.startswith("--junitxml") or a.startswith("--junit-xml") for a in cmd):
+                cmd.append(f"--junitxml={junit_guest}")
+    else:
+        cmd = list(cfg.peer_cmd)
+    inner += ["--", *cmd]
+    argv += ["--exec", shlex.join(inner)]
+    return argv
+
+
+def _relay(stream: IO[bytes], out: IO[str], prefix: str) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace")
+        out.write(prefix + line if prefix else line)
+        out.flush()
+
+
+class _Guest:
+    def __init__(self, role: str, argv: list[str], prefix: str) -> None:
+        self.role = role
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        # vng's QEMU writes guest stdout/stderr to /proc/self/fd/1 and 2 separately: pipes, never one file
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.threads = [
+            threading.Thread(target=_relay, args=(self.proc.stdout, sys.stdout, prefix), daemon=True),
+            threading.Thread(target=_relay, args=(self.proc.stderr, sys.stderr, prefix), daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+
+    def kill(self) -> None:
+        if self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)  # our own child's session: vng and its QEMU
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def finish(self) -> None:
+        for t in self.threads:
+            t.join(5.0)
+
+
+def _read_rc(path: str) -> int | None:
+    try:
+        with open(path) as fh:
+            rc = int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+    return 128 - rc if rc < 0 else rc  # killed by signal N -> 128+N, like a shell
+
+
+def run(cfg: RunConfig) -> RunResult:
+    """Boot the topology once, run CMD in guest A, return its status and timings."""
+    if not cfg.cmd:
+        raise HarnessError("no command given: python -m vm run -- CMD...")
+    if cfg.topology not in ("netns", "two-guests"):
+        raise HarnessError(f"unknown topology {cfg.topology!r} (netns or two-guests)")
+    runs = os.path.join(cache_dir(), "runs")
+    os.makedirs(runs, exist_ok=True)
+    results = tempfile.mkdtemp(prefix="run-", dir=runs)
+    roles = ["a"] if cfg.topology == "netns" else ["a", "b"]
+    for role in roles:
+        os.makedirs(os.path.join(results, role))
+    port = _free_port() if cfg.topology == "two-guests" else None
+    messages: list[str] = []
+
+    t0 = time.monotonic()
+    guests: dict[str, _Guest] = {}
+    boot_s: float | None = None
+    timed_out = False
+    started_file = os.path.join(results, "a", "started")
+    try:
+        for role in roles:
+            prefix = f"[{role.upper()}] " if len(roles) > 1 else ""
+            guests[role] = _Guest(role, guest_command(cfg, role, results, port), prefix)
+            if role == "a" and len(roles) > 1:
+                time.sleep(2.0)  # let guest A's QEMU open the listening socket before B connects
+        a = guests["a"]
+        deadline = t0 + cfg.timeout
+        while a.proc.poll() is None:
+            if boot_s is None and os.path.exists(started_file):
+                boot_s = time.monotonic() - t0
+            if time.monotonic() > deadline:
+                timed_out = True
+                messages.append(f"timeout: the run exceeded {cfg.timeout:.0f} s; guests killed")
+                break
+            time.sleep(0.1)
+        if "b" in guests:
+            try:
+                guests["b"].proc.wait(PEER_GRACE_S if not timed_out else 0.1)
+            except subprocess.TimeoutExpired:
+                messages.append("peer guest B did not power off; killed")
+    finally:
+        for g in guests.values():
+            g.kill()
+            g.finish()
+    wall = time.monotonic() - t0
+
+    if boot_s is None and os.path.exists(started_file):
+        boot_s = wall  # CMD started and finished between two polls
+    guest_up: float | None = None
+    try:
+        with open(started_file) as fh:
+            started = json.load(fh)
+        guest_up = float(started["uptime"])
+        failed = [m for m, ok in started.get("modules", {}).items() if not ok]
+        if failed:
+            messages.append(f"modules that failed to load in the guest: {', '.join(failed)}")
+    except (OSError, ValueError, KeyError):
+        pass
+    rc = _read_rc(os.path.join(results, "a", "rc"))
+    if timed_out:
+        rc = 124
+    elif rc is None:
+        vng_rc = guests["a"].proc.returncode if "a" in guests else None
+        messages.append(f"guest A reported no exit status (boot failure or panic?); vng exited {vng_rc}")
+        rc = 125
+    if cfg.junit:
+        src = os.path.join(results, "a", "junit.xml")
+        if os.path.exists(src):
+            os.makedirs(os.path.dirname(os.path.abspath(cfg.junit)), exist_ok=True)
+            shutil.copyfile(src, cfg.junit)
+        else:
+            messages.append(f"no JUnit XML produced (expected {src}); --junit {cfg.junit} not written")
+    if "b" in guests:
+        rc_b = _read_rc(os.path.join(results, "b", "rc"))
+        messages.append(f"peer agent (guest B) exit status: {rc_b}")
+    if not cfg.keep_results:
+        shutil.rmtree(results, ignore_errors=True)
+    return RunResult(rc, boot_s, guest_up, wall, results, timed_out, messages)
