@@ -1,0 +1,259 @@
+"""``RDSSocket``: the userspace backend's socket, a control connection to the namespace's stack service."""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pyrds import info
+from pyrds.addr import SockAddr, format_address, parse_address
+from pyrds.api import AncData, BackendName, RDSSocketBase, os_error
+from pyrds.userspace import rpc
+from pyrds.userspace.config import stack_address
+
+_START_TIMEOUT = 10.0
+_CONG_POLL = 0.005  # blocking send to a congested port re-checks this often (the kernel sleeps on the map)
+
+
+def _connect_control(addr: bytes) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.connect(addr)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def _spawn_service() -> None:
+    subprocess.Popen(
+        [sys.executable, "-m", "pyrds.userspace.service"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
+        start_new_session=True, close_fds=True,
+    )
+
+
+def connect_stack(autostart: bool = True) -> socket.socket:
+    """A control connection to this namespace's stack, starting the service when none listens."""
+    addr = stack_address()
+    try:
+        return _connect_control(addr)
+    except (ConnectionRefusedError, FileNotFoundError):
+        if not autostart:
+            raise
+    _spawn_service()
+    deadline = time.monotonic() + _START_TIMEOUT
+    delay = 0.005
+    while True:
+        try:
+            return _connect_control(addr)
+        except (ConnectionRefusedError, FileNotFoundError):
+            if time.monotonic() > deadline:
+                raise os_error(errno.ECONNREFUSED, "pyrds stack service did not start") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+class RDSSocket(RDSSocketBase):
+    """An RDS socket served by the userspace stack of this network namespace."""
+
+    backend: BackendName = "userspace"
+
+    def __init__(self, type: int = socket.SOCK_SEQPACKET, proto: int = 0) -> None:
+        if type != socket.SOCK_SEQPACKET or proto != 0:
+            raise os_error(errno.ESOCKTNOSUPPORT)
+        self._lock = threading.Lock()
+        self._timeout: float | None = None
+        self._ctl: socket.socket | None = connect_stack()
+        self._v6 = False
+        fds: list[int] = []
+        try:
+            self.sock_id = self._call(rpc.Op.OPEN, (), want_fds=1, fds_out=fds)
+        except BaseException:
+            self._ctl.close()
+            raise
+        self._fd = fds[0]
+
+    # -- RPC
+    def _call(self, op: int, args: Any, want_fds: int = 0, fds_out: list[int] | None = None) -> Any:
+        with self._lock:
+            ctl = self._ctl
+            if ctl is None:
+                raise os_error(errno.EBADF)
+            rpc.send_record(ctl, rpc.encode((int(op), args)))
+            raw, fds = rpc.recv_record(ctl, want_fds)
+        if fds_out is not None:
+            fds_out.extend(fds)
+        code, result = rpc.decode(raw)
+        if code == rpc.WAIT_CONG:
+            raise OSError(rpc.WAIT_CONG, "destination congested")
+        if code:
+            exc = os_error(code)
+            if result is not None:
+                exc.optlen = result  # type: ignore[attr-defined]
+            raise exc
+        return result
+
+    def _wait(self, events: int, deadline: float | None) -> bool:
+        """poll() the readiness fd; False on timeout."""
+        p = select.poll()
+        p.register(self._fd, events)
+        while True:
+            if deadline is None:
+                ms = -1
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                ms = max(1, int(left * 1000))
+            if p.poll(ms):
+                return True
+
+    def _deadline(self) -> float | None:
+        return None if self._timeout is None else time.monotonic() + self._timeout
+
+    # -- addressing
+    def bind(self, address: SockAddr) -> None:
+        a = parse_address(address)
+        self._v6 = a.ip.version == 6
+        self._call(rpc.Op.BIND, (str(a.ip), a.port, a.scope_id))
+
+    def connect(self, address: SockAddr) -> None:
+        a = parse_address(address)
+        self._call(rpc.Op.CONNECT, (str(a.ip), a.port, a.ip.version == 6))
+
+    def getsockname(self) -> SockAddr:
+        host, port, scope, conn = self._call(rpc.Op.GETSOCKNAME, ())
+        if host is None:
+            if conn is not None and ":" in conn:
+                return ("::", 0, 0, 0)
+            return ("0.0.0.0", 0)
+        return format_address(parse_address((host, 0)).ip, port, scope)
+
+    def getpeername(self) -> SockAddr:
+        host, port, scope = self._call(rpc.Op.GETPEERNAME, ())
+        return format_address(parse_address((host, 0)).ip, port, scope)
+
+    # -- data
+    def sendmsg(
+        self,
+        buffers: Iterable[bytes | bytearray | memoryview],
+        ancdata: Iterable[tuple[int, int, bytes]] = (),
+        flags: int = 0,
+        address: SockAddr | None = None,
+    ) -> int:
+        payload = b"".join(bytes(b) for b in buffers)
+        anc = [(int(lv), int(t), bytes(d)) for lv, t, d in ancdata]
+        if not isinstance(flags, int):
+            raise TypeError("flags must be int")
+        dest = None
+        if address is not None:
+            a = parse_address(address)
+            dest = (str(a.ip), a.port)
+        nonblock = self._timeout == 0.0 or bool(flags & socket.MSG_DONTWAIT)
+        deadline = self._deadline()
+        args = (payload, anc, flags, dest, nonblock)
+        while True:
+            try:
+                n: int = self._call(rpc.Op.SEND, args)
+                return n
+            except OSError as exc:
+                if nonblock or exc.errno not in (errno.EAGAIN, rpc.WAIT_CONG):
+                    raise
+                if exc.errno == errno.EAGAIN:
+                    ok = self._wait(select.POLLOUT, deadline)
+                else:  # congested destination: the kernel sleeps on the map's waitqueue
+                    time.sleep(_CONG_POLL)
+                    ok = deadline is None or time.monotonic() < deadline
+                if not ok:
+                    raise os_error(errno.EAGAIN if self._timeout == 0 else errno.ETIMEDOUT) from None
+
+    def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> tuple[bytes, AncData, int, Any]:
+        if bufsize < 0 or ancbufsize < 0:
+            raise ValueError("negative buffer size in recvmsg()")
+        nonblock = self._timeout == 0.0 or bool(flags & socket.MSG_DONTWAIT)
+        deadline = self._deadline()
+        while True:
+            try:
+                data, anc, mflags, src = self._call(rpc.Op.RECV, (bufsize, ancbufsize, flags, nonblock))
+                break
+            except OSError as exc:
+                if nonblock or exc.errno != errno.EAGAIN:
+                    raise
+                if not self._wait(select.POLLIN, deadline):
+                    raise os_error(errno.ETIMEDOUT) from None
+        addr = None
+        if src is not None:
+            host, port, scope = src
+            addr = format_address(parse_address((host, 0)).ip, port, scope)
+        return data, [tuple(a) for a in anc], mflags, addr
+
+    # -- options
+    def setsockopt(self, level: int, optname: int, value: int | bytes) -> None:
+        if not isinstance(value, (int, bytes, bytearray, memoryview)):
+            raise TypeError("setsockopt value must be int or bytes")
+        v = value if isinstance(value, int) else bytes(value)
+        self._call(rpc.Op.SETSOCKOPT, (level, optname, v))
+
+    def getsockopt(self, level: int, optname: int, buflen: int = 0) -> int | bytes:
+        if buflen < 0 or buflen > 1 << 30:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        result: int | bytes = self._call(rpc.Op.GETSOCKOPT, (level, optname, buflen))
+        return result
+
+    def get_info(self, info_type: int) -> Sequence[Any]:
+        raw = self._call(rpc.Op.INFO, (int(info_type),))
+        return info.parse_info(info_type, raw)
+
+    def set_tos(self, tos: int) -> None:
+        if not 0 <= tos <= 255:
+            raise OverflowError("tos must be 0-255")
+        self._call(rpc.Op.SET_TOS, (tos,))
+
+    def get_tos(self) -> int:
+        tos: int = self._call(rpc.Op.GET_TOS, ())
+        return tos
+
+    def sysctl_get(self) -> dict[str, int]:
+        """The stack's sysctl-like settings (ping_enable, reconnect_*_delay_ms, ...)."""
+        values: dict[str, int] = self._call(rpc.Op.SYSCTL_GET, ())
+        return values
+
+    def sysctl_set(self, name: str, value: int) -> None:
+        self._call(rpc.Op.SYSCTL_SET, (name, int(value)))
+
+    # -- fd and blocking
+    def fileno(self) -> int:
+        if self._ctl is None:
+            return -1
+        return self._fd
+
+    def settimeout(self, timeout: float | None) -> None:
+        if timeout is not None and timeout < 0:
+            raise ValueError("Timeout value out of range")
+        self._timeout = None if timeout is None else float(timeout)
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def close(self) -> None:
+        with self._lock:
+            if self._ctl is None:
+                return
+            self._ctl.close()
+            self._ctl = None
+            os.close(self._fd)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

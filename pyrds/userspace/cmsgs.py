@@ -1,0 +1,126 @@
+"""Control messages of the userspace stack: sendmsg cmsg validation (send.c) and recvmsg cmsg output (recv.c)."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+import time
+from collections.abc import Sequence
+
+from pyrds import cmsg as builders
+from pyrds.constants import SOL_RDS, CmsgType
+from pyrds.userspace.sockstate import Incoming, SockState
+
+_HDR = 16  # sizeof(struct cmsghdr) on 64-bit
+RDMA_ARGS_SIZE = 56
+ATOMIC_ARGS_SIZE = 72
+_ATOMICS = (
+    CmsgType.RDS_CMSG_ATOMIC_FADD,
+    CmsgType.RDS_CMSG_ATOMIC_CSWP,
+    CmsgType.RDS_CMSG_MASKED_ATOMIC_FADD,
+    CmsgType.RDS_CMSG_MASKED_ATOMIC_CSWP,
+)
+MSG_ZEROCOPY = 0x4000000
+
+
+class CmsgError(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def check_send(anc: Sequence[tuple[int, int, bytes]], flags: int, zcopy: bool) -> int | None:
+    """rds_rdma_bytes + rds_rm_size + rds_cmsg_send for a transport without RDMA (TCP/loop).
+
+    Returns the zerocopy cookie (or None); raises :class:`CmsgError` with the kernel's errno.
+    """
+    groups = 0
+    has_cookie = False
+    rdma_or_atomic = False
+    cookie: int | None = None
+    for level, kind, data in anc:
+        if level != SOL_RDS:
+            continue
+        if kind == CmsgType.RDS_CMSG_RDMA_ARGS:
+            if len(data) < RDMA_ARGS_SIZE:
+                raise CmsgError(errno.EINVAL)
+            groups |= 1
+            rdma_or_atomic = True
+        elif kind == CmsgType.RDS_CMSG_ZCOPY_COOKIE:
+            has_cookie = True
+            groups |= 2
+        elif kind in (CmsgType.RDS_CMSG_RDMA_DEST, CmsgType.RDS_CMSG_RDMA_MAP):
+            groups |= 2
+        elif kind in _ATOMICS:
+            groups |= 1
+        else:
+            raise CmsgError(errno.EINVAL)
+    if flags & MSG_ZEROCOPY and not has_cookie:
+        raise CmsgError(errno.EINVAL)
+    if groups == 3:
+        raise CmsgError(errno.EINVAL)
+    for level, kind, data in anc:
+        if level != SOL_RDS:
+            continue
+        if kind == CmsgType.RDS_CMSG_RDMA_DEST:
+            raise CmsgError(errno.EINVAL)  # no MR with that r_key can exist without an RDMA transport
+        if kind == CmsgType.RDS_CMSG_RDMA_MAP:
+            raise CmsgError(errno.EOPNOTSUPP)  # rds_get_mr: transport has no get_mr
+        if kind in _ATOMICS:
+            if len(data) < ATOMIC_ARGS_SIZE:
+                raise CmsgError(errno.EINVAL)
+            rdma_or_atomic = True
+        if kind == CmsgType.RDS_CMSG_ZCOPY_COOKIE:
+            if len(data) < 4 or not zcopy:
+                raise CmsgError(errno.EINVAL)
+            cookie = struct.unpack_from("=I", data)[0]
+    if rdma_or_atomic:
+        raise CmsgError(errno.EOPNOTSUPP)
+    return cookie
+
+
+def _space(n: int) -> int:
+    return socket.CMSG_SPACE(n)
+
+
+class AncBuilder:
+    """put_cmsg into a control buffer of ``size`` bytes (truncation sets MSG_CTRUNC like the kernel)."""
+
+    def __init__(self, size: int) -> None:
+        self.space = size
+        self.items: list[tuple[int, int, bytes]] = []
+        self.msg_flags = 0
+
+    def put(self, level: int, kind: int, data: bytes) -> bool:
+        if self.space < _HDR:
+            self.msg_flags |= socket.MSG_CTRUNC
+            return True  # the kernel returns 0: the notification counts as delivered
+        cmlen = _HDR + len(data)
+        if self.space < cmlen:
+            self.msg_flags |= socket.MSG_CTRUNC
+            data = data[: self.space - _HDR]
+        self.items.append((level, kind, data))
+        self.space -= min(_space(len(data)), self.space)
+        return True
+
+    def put_cong(self, mask: int) -> bool:
+        return self.put(*builders.cong_update(mask))
+
+    def put_recv(self, rs: SockState, inc: Incoming) -> None:
+        """rds_cmsg_recv: timestamp and rx path latency."""
+        if inc.rx_tstamp_ns and rs.timestamp:
+            sec, ns = divmod(inc.rx_tstamp_ns, 1_000_000_000)
+            self.put(*builders.timestamp(sec, ns // 1000))
+        if rs.rx_traces:
+            lat = (*inc.lat[:3], time.monotonic_ns())
+            vals = [max(0, lat[j + 1] - lat[j]) for j in rs.rx_traces]
+            self.put(*builders.rx_trace(list(rs.rx_traces), vals))
+
+    def put_zcookies(self, rs: SockState) -> bool:
+        """rds_recvmsg_zcookie: one completion entry, only when it fits whole."""
+        if not rs.zerocopy or not rs.zcookies or self.space < _space(36):
+            return False
+        cookies = rs.zcookies.popleft()
+        self.put(*builders.zcopy_completion(cookies))
+        return True

@@ -1,0 +1,66 @@
+"""Configuration of the userspace stack: environment, sysctl-like settings, kernel-like buffer defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from pyrds.constants import RDS_RECONNECT_MAX_DELAY_MS, RDS_RECONNECT_MIN_DELAY_MS, RDS_TCP_PORT
+
+DEFAULT_STACK_NAME = "pyrds-stack-v1"
+SOCK_MIN_SNDBUF = 4608  # 2 * (2048 + sizeof(struct sk_buff)) on x86_64
+SOCK_MIN_RCVBUF = 2304
+
+#: sysctl-like settings readable/writable through the service (names as /proc/sys/net/rds)
+SYSCTL_DEFAULTS: dict[str, int] = {
+    "ping_enable": 1,
+    "reconnect_min_delay_ms": RDS_RECONNECT_MIN_DELAY_MS,
+    "reconnect_max_delay_ms": RDS_RECONNECT_MAX_DELAY_MS,
+    "max_unacked_packets": 8,
+    "max_unacked_bytes": 16 << 20,
+}
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return int(raw)
+
+
+def _proc_int(path: str, default: int) -> int:
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+def stack_name() -> str:
+    """Abstract unix socket name (without the leading NUL); PYRDS_STACK_NAME overrides it (tests)."""
+    return os.environ.get("PYRDS_STACK_NAME") or DEFAULT_STACK_NAME
+
+
+def stack_address(name: str | None = None) -> bytes:
+    return b"\0" + (name or stack_name()).encode()
+
+
+@dataclass
+class StackConfig:
+    """Settings of one stack (one per network namespace)."""
+
+    name: str = field(default_factory=stack_name)
+    tcp_port: int = field(default_factory=lambda: _env_int("PYRDS_TCP_PORT", RDS_TCP_PORT))
+    tcp_peer_port: int = field(default_factory=lambda: _env_int("PYRDS_TCP_PEER_PORT", RDS_TCP_PORT))
+    #: seconds the service lingers after its last client left (when idle); <0 means run forever
+    idle_exit: float = field(default_factory=lambda: float(os.environ.get("PYRDS_IDLE_EXIT", "5")))
+    wmem_default: int = field(default_factory=lambda: _proc_int("/proc/sys/net/core/wmem_default", 212992))
+    rmem_default: int = field(default_factory=lambda: _proc_int("/proc/sys/net/core/rmem_default", 212992))
+    wmem_max: int = field(default_factory=lambda: _proc_int("/proc/sys/net/core/wmem_max", 212992))
+    rmem_max: int = field(default_factory=lambda: _proc_int("/proc/sys/net/core/rmem_max", 212992))
+    sysctl: dict[str, int] = field(default_factory=lambda: dict(SYSCTL_DEFAULTS))
+
+    def set_sysctl(self, name: str, value: int) -> None:
+        if name not in self.sysctl:
+            raise KeyError(name)
+        self.sysctl[name] = int(value)

@@ -1,0 +1,107 @@
+"""RDS_INFO tables of the userspace stack, built as :mod:`pyrds.info` records (info.c, connection.c, ...)."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+from typing import Any
+
+from pyrds import info
+from pyrds.addr import IPAddress
+from pyrds.constants import InfoConnectionFlag, InfoType
+from pyrds.userspace.stack import Stack, StackError
+
+_ANY4 = ipaddress.IPv4Address(0)
+_ANY6 = ipaddress.IPv6Address(0)
+_SUPPORTED = {
+    InfoType.RDS_INFO_COUNTERS, InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS_INFO_SEND_MESSAGES,
+    InfoType.RDS_INFO_RETRANS_MESSAGES, InfoType.RDS_INFO_RECV_MESSAGES, InfoType.RDS_INFO_SOCKETS,
+    InfoType.RDS_INFO_TCP_SOCKETS, InfoType.RDS6_INFO_CONNECTIONS, InfoType.RDS6_INFO_SEND_MESSAGES,
+    InfoType.RDS6_INFO_RETRANS_MESSAGES, InfoType.RDS6_INFO_RECV_MESSAGES, InfoType.RDS6_INFO_SOCKETS,
+    InfoType.RDS6_INFO_TCP_SOCKETS,
+}
+_V6 = {t for t in InfoType if t.name.startswith("RDS6_")}
+
+
+def _v6(ip: IPAddress | None) -> ipaddress.IPv6Address:
+    if ip is None:
+        return _ANY6
+    if ip.version == 6:
+        return ip  # type: ignore[return-value]
+    return ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + ip.packed)
+
+
+def records(stack: Stack, info_type: int) -> list[Any]:
+    if info_type not in _SUPPORTED:
+        raise StackError(errno.ENOPROTOOPT)
+    t = InfoType(info_type)
+    v6 = t in _V6
+    if t == InfoType.RDS_INFO_COUNTERS:
+        return [info.InfoCounter(k, v) for k, v in stack.counters.items()]
+    if t in (InfoType.RDS_INFO_SOCKETS, InfoType.RDS6_INFO_SOCKETS):
+        out: list[Any] = []
+        for rs in stack.socks.values():
+            if not v6:
+                if rs.bound_addr is None or rs.bound_addr.version != 4:
+                    continue
+                conn = rs.conn_addr if rs.conn_addr is not None and rs.conn_addr.version == 4 else _ANY4
+                out.append(info.SocketInfo(rs.rds_sndbuf, rs.bound_addr, conn, rs.bound_port, rs.conn_port,
+                                           rs.rds_rcvbuf, rs.inum))
+            else:
+                out.append(info.Socket6Info(rs.rds_sndbuf, _v6(rs.bound_addr), _v6(rs.conn_addr), rs.bound_port,
+                                            rs.conn_port, rs.rds_rcvbuf, rs.inum))
+        return out
+    if t in (InfoType.RDS_INFO_RECV_MESSAGES, InfoType.RDS6_INFO_RECV_MESSAGES):
+        out = []
+        for rs in stack.socks.values():
+            for inc in rs.recv_queue:
+                if not v6 and inc.saddr.version != 4:
+                    continue
+                args = (inc.seq, len(inc.payload))
+                if v6:
+                    out.append(info.Message6Info(*args, _v6(inc.daddr), _v6(inc.saddr), inc.dport, inc.sport, 0,
+                                                 inc.tos))
+                else:
+                    out.append(info.MessageInfo(*args, inc.daddr, inc.saddr, inc.dport, inc.sport, 0, inc.tos))
+        return out
+    if t in (InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS6_INFO_CONNECTIONS):
+        rows: list[tuple[int, int, IPAddress, IPAddress, str, int, int]] = [
+            (c.next_tx_seq, c.next_rx_seq, c.laddr, c.faddr, "loop", int(InfoConnectionFlag.CONNECTED), c.tos)
+            for c in stack.loop_conns.values()
+        ]
+        rows.extend(getattr(stack.tcp, "info_connections", list)())
+        out = []
+        for tx, rx, la, fa, name, flags, tos in rows:
+            if v6:
+                out.append(info.Connection6Info(tx, rx, _v6(la), _v6(fa), name, InfoConnectionFlag(flags)))
+            elif la.version == 4:
+                out.append(info.ConnectionInfo(tx, rx, la, fa, name, InfoConnectionFlag(flags), tos))
+        return out
+    if t in (InfoType.RDS_INFO_SEND_MESSAGES, InfoType.RDS6_INFO_SEND_MESSAGES,
+             InfoType.RDS_INFO_RETRANS_MESSAGES, InfoType.RDS6_INFO_RETRANS_MESSAGES):
+        kind = "send" if "SEND" in t.name else "retrans"
+        out = []
+        for seq, length, la, fa, lp, fp, tos in getattr(stack.tcp, "info_messages", lambda k: [])(kind):
+            if v6:
+                out.append(info.Message6Info(seq, length, _v6(la), _v6(fa), lp, fp, 0, tos))
+            elif la.version == 4:
+                out.append(info.MessageInfo(seq, length, la, fa, lp, fp, 0, tos))
+        return out
+    # TCP sockets
+    out = []
+    for la, lp, pa, pp, hdr_rem, data_rem, nxt, una_exp, una in getattr(stack.tcp, "info_tcp_sockets", list)():
+        if v6:
+            out.append(info.TcpSocket6Info(_v6(la), lp, _v6(pa), pp, hdr_rem, data_rem, nxt, una_exp, una))
+        elif la.version == 4:
+            out.append(info.TcpSocketInfo(la, lp, pa, pp, hdr_rem, data_rem, nxt, una_exp, una, 0))
+    return out
+
+
+def table_bytes(stack: Stack, info_type: int, buflen: int) -> tuple[bytes, int]:
+    """(bytes, record size). The caller raises ENOSPC when ``len(bytes) > buflen`` (rds_info_getsockopt)."""
+    recs = records(stack, info_type)
+    each = info.record_size(info_type)
+    raw = info.encode_info(info_type, recs)
+    if info_type == InfoType.RDS_INFO_SOCKETS and buflen < len(stack.socks) * each:
+        return b"\0" * (len(stack.socks) * each), each  # the kernel sizes the v4 table by every socket
+    return raw, each

@@ -1,0 +1,152 @@
+"""setsockopt/getsockopt/TOS of the userspace stack (af_rds.c, sock.c), raising StackError with the kernel's errno."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+import struct
+
+from pyrds.constants import RDS_INFO_FIRST, RDS_INFO_LAST, SOL_RDS, SockOpt, Transport
+from pyrds.userspace import info_tables
+from pyrds.userspace.config import SOCK_MIN_RCVBUF, SOCK_MIN_SNDBUF
+from pyrds.userspace.sockstate import SockState
+from pyrds.userspace.stack import Stack, StackError
+
+SO_TIMESTAMP_OLD = 29
+SO_TIMESTAMP_NEW = 63
+SO_ZEROCOPY = 60
+SO_SNDBUFFORCE = 32
+SO_RCVBUFFORCE = 33
+INT_MAX = (1 << 31) - 1
+_GENERIC_SOL_SOCKET = {
+    socket.SO_DEBUG, socket.SO_REUSEADDR, socket.SO_KEEPALIVE, socket.SO_DONTROUTE, socket.SO_BROADCAST,
+    socket.SO_PRIORITY, socket.SO_OOBINLINE, socket.SO_REUSEPORT, socket.SO_RCVLOWAT, socket.SO_SNDLOWAT,
+}
+
+
+def _int(value: int | bytes) -> int:
+    if isinstance(value, int):
+        return value
+    if len(value) < 4:
+        raise StackError(errno.EINVAL)
+    v: int = struct.unpack_from("=i", value)[0]
+    return v
+
+
+def _sockaddr(value: int | bytes) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    """A sockaddr_in / sockaddr_in6 option value (rds_cancel_sent_to)."""
+    if isinstance(value, int) or len(value) < 16:
+        raise StackError(errno.EINVAL)
+    port = struct.unpack_from("!H", value, 2)[0]
+    if len(value) < 28:
+        return ipaddress.IPv4Address(value[4:8]), port
+    return ipaddress.IPv6Address(value[8:24]), port
+
+
+def setsockopt(stack: Stack, rs: SockState, level: int, optname: int, value: int | bytes) -> None:
+    cfg = stack.config
+    if level == socket.SOL_SOCKET:
+        val = _int(value)
+        if optname in (socket.SO_SNDBUF, SO_SNDBUFFORCE):
+            if optname == socket.SO_SNDBUF:
+                val = min(val & 0xFFFFFFFF, cfg.wmem_max)
+            rs.sndbuf = max(min(val, INT_MAX // 2) * 2, SOCK_MIN_SNDBUF)
+        elif optname in (socket.SO_RCVBUF, SO_RCVBUFFORCE):
+            if optname == socket.SO_RCVBUF:
+                val = min(val & 0xFFFFFFFF, cfg.rmem_max)
+            rs.rcvbuf = max(min(val, INT_MAX // 2) * 2, SOCK_MIN_RCVBUF)
+        elif optname in (SO_TIMESTAMP_OLD, SO_TIMESTAMP_NEW):
+            rs.timestamp = bool(val)
+        elif optname == SO_ZEROCOPY:
+            if val < 0 or val > 1:
+                raise StackError(errno.EINVAL)
+            rs.zerocopy = bool(val)
+        elif optname not in _GENERIC_SOL_SOCKET:
+            raise StackError(errno.ENOPROTOOPT)
+        rs.update_readiness()
+        return
+    if level != SOL_RDS:
+        raise StackError(errno.ENOPROTOOPT)
+    if optname == SockOpt.RDS_CANCEL_SENT_TO:
+        if rs.bound_addr is None:
+            raise StackError(errno.ENOTCONN)
+        addr, port = _sockaddr(value)
+        stack.cancel_sent_to(rs, addr, port)
+    elif optname in (SockOpt.RDS_GET_MR, SockOpt.RDS_GET_MR_FOR_DEST, SockOpt.RDS_FREE_MR):
+        if rs.bound_addr is None:
+            raise StackError(errno.ENOTCONN)
+        raise StackError(errno.EOPNOTSUPP)
+    elif optname == SockOpt.RDS_RECVERR:
+        rs.recverr = bool(_int(value))
+    elif optname == SockOpt.RDS_CONG_MONITOR:
+        stack.cong.monitor(rs, bool(_int(value)))
+        rs.update_readiness()
+    elif optname == SockOpt.SO_RDS_TRANSPORT:
+        if rs.transport is not None:
+            raise StackError(errno.EOPNOTSUPP)
+        if isinstance(value, bytes) and len(value) != 4:
+            raise StackError(errno.EINVAL)
+        t = _int(value)
+        if t < 0 or t >= 3:
+            raise StackError(errno.EINVAL)
+        if t != Transport.TCP:
+            raise StackError(errno.ENOPROTOOPT)
+        rs.transport = Transport.TCP
+    elif optname in (SO_TIMESTAMP_OLD, SO_TIMESTAMP_NEW):
+        rs.timestamp = bool(_int(value))
+    elif optname == SockOpt.SO_RDS_MSG_RXPATH_LATENCY:
+        if isinstance(value, int) or len(value) != 4:
+            raise StackError(errno.EFAULT)
+        n = value[0]
+        if n > 3 or any(p >= 3 for p in value[1 : 1 + n]):
+            rs.rx_traces = ()
+            raise StackError(errno.EFAULT)
+        rs.rx_traces = tuple(value[1 : 1 + n])
+    else:
+        raise StackError(errno.ENOPROTOOPT)
+
+
+def getsockopt(stack: Stack, rs: SockState, level: int, optname: int, buflen: int) -> int | bytes:
+    """Returns an int for int options when ``buflen`` is 0, else bytes (like the stdlib)."""
+    want = buflen if buflen else 4
+    if level == socket.SOL_SOCKET:
+        table = {socket.SO_SNDBUF: rs.sndbuf, socket.SO_RCVBUF: rs.rcvbuf, SO_TIMESTAMP_OLD: int(rs.timestamp),
+                 SO_ZEROCOPY: int(rs.zerocopy), socket.SO_TYPE: socket.SOCK_SEQPACKET, socket.SO_ERROR: 0,
+                 socket.SO_DOMAIN: 21, socket.SO_PROTOCOL: 0}
+        if optname not in table:
+            raise StackError(errno.ENOPROTOOPT)
+        return _ret(table[optname], buflen)
+    if level != SOL_RDS:
+        raise StackError(errno.ENOPROTOOPT)
+    if RDS_INFO_FIRST <= optname <= RDS_INFO_LAST:
+        raw, each = info_tables.table_bytes(stack, optname, buflen)
+        if len(raw) > buflen:
+            err = StackError(errno.ENOSPC)
+            err.args = (errno.ENOSPC, len(raw))
+            raise err
+        return raw
+    if optname == SockOpt.RDS_RECVERR:
+        if want < 4:
+            raise StackError(errno.EINVAL)
+        return _ret(int(rs.recverr), buflen)
+    if optname == SockOpt.SO_RDS_TRANSPORT:
+        if want < 4:
+            raise StackError(errno.EINVAL)
+        return _ret(int(rs.transport) if rs.transport is not None else -1, buflen)
+    raise StackError(errno.ENOPROTOOPT)
+
+
+def _ret(value: int, buflen: int) -> int | bytes:
+    if buflen:
+        return struct.pack("=i", value)[: min(buflen, 4)]
+    return value
+
+
+def set_tos(rs: SockState, tos: int) -> None:
+    """SIOCRDSSETTOS: loop/unbound -> ENOTTY (no get_tos_map); TCP maps every tos to 0; EINVAL once used."""
+    if rs.transport != Transport.TCP:
+        raise StackError(errno.ENOTTY)
+    if rs.tos or rs.sent_any:
+        raise StackError(errno.EINVAL)
+    rs.tos = 0

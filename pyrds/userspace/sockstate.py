@@ -1,0 +1,102 @@
+"""Per-socket state of the userspace stack: addresses, options, queues and buffer accounting."""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from pyrds.addr import IPAddress
+from pyrds.constants import RDS_MAX_ZCOOKIES, Transport
+from pyrds.userspace.readiness import Readiness
+
+_inum = itertools.count(1000)
+
+
+@dataclass(slots=True)
+class Incoming:
+    """A received message queued on a socket (``struct rds_incoming``)."""
+
+    saddr: IPAddress
+    daddr: IPAddress
+    sport: int
+    dport: int
+    payload: bytes
+    seq: int = 0
+    tos: int = 0
+    rx_tstamp_ns: int = 0
+    #: local_clock() (ns) at the trace points HDR_TO_DGRAM_START, DGRAM_REASSEMBLE, DGRAM_DELIVERED, END
+    lat: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """A message a socket queued (``struct rds_message``) until it is acked."""
+
+    sock_id: int
+    saddr: IPAddress
+    daddr: IPAddress
+    sport: int
+    dport: int
+    payload: bytes
+    tos: int = 0
+    seq: int = 0
+    zcookie: int | None = None
+
+
+@dataclass
+class SockState:
+    """``struct rds_sock``."""
+
+    sock_id: int
+    sndbuf: int
+    rcvbuf: int
+    inum: int = field(default_factory=lambda: next(_inum))
+    bound_addr: IPAddress | None = None
+    bound_port: int = 0
+    scope_id: int = 0
+    conn_addr: IPAddress | None = None
+    conn_port: int = 0
+    transport: Transport | None = None
+    tos: int = 0
+    recv_queue: deque[Incoming] = field(default_factory=deque)
+    rcv_bytes: int = 0
+    congested: bool = False
+    snd_bytes: int = 0
+    sent: dict[int, Outgoing] = field(default_factory=dict)  # id(Outgoing) -> message, until acked
+    cong_monitor: bool = False
+    cong_mask: int = 0
+    cong_notify: int = 0
+    recverr: bool = False
+    timestamp: bool = False
+    zerocopy: bool = False
+    zcookies: deque[list[int]] = field(default_factory=deque)
+    rx_traces: tuple[int, ...] = ()
+    readiness: Readiness | None = None
+    dead: bool = False
+    sent_any: bool = False  # rs_conn set (a message was sent)
+
+    @property
+    def rds_sndbuf(self) -> int:
+        return self.sndbuf // 2
+
+    @property
+    def rds_rcvbuf(self) -> int:
+        return self.rcvbuf // 2
+
+    def add_zcookie(self, cookie: int) -> None:
+        """rds_zcookie_add: append to the last completion entry while it has room."""
+        if self.zcookies and len(self.zcookies[-1]) < RDS_MAX_ZCOOKIES:
+            self.zcookies[-1].append(cookie)
+        else:
+            self.zcookies.append([cookie])
+
+    def has_input(self) -> bool:
+        return bool(self.recv_queue or self.cong_notify or self.zcookies)
+
+    def update_readiness(self) -> None:
+        r = self.readiness
+        if r is None:
+            return
+        r.set_readable(self.has_input())
+        r.set_writable(self.snd_bytes < self.rds_sndbuf)

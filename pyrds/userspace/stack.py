@@ -1,0 +1,340 @@
+"""The stack core: sockets, port space, bind/connect/send/recv with the kernel's rules, delivery, acks.
+
+Transport I/O lives elsewhere: :mod:`loop` (local destinations) and :mod:`conn_manager` (RDS/TCP); both call
+:meth:`Stack.deliver` for received messages and :meth:`Stack.acked` when a sent message is acked.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pyrds.addr import IPAddress
+from pyrds.constants import Transport
+from pyrds.userspace import cmsgs
+from pyrds.userspace.config import StackConfig
+from pyrds.userspace.congestion import ALL_PORTS, CongestionTable
+from pyrds.userspace.counters import new_counters
+from pyrds.userspace.ports import PortSpace, is_local, is_loopback, normalize
+from pyrds.userspace.proto.cong import next_congested_state
+from pyrds.userspace.rpc import WAIT_CONG
+from pyrds.userspace.sockstate import Incoming, Outgoing, SockState
+
+MSG_TRUNC = socket.MSG_TRUNC
+MSG_PEEK = socket.MSG_PEEK
+MSG_DONTWAIT = socket.MSG_DONTWAIT
+MSG_ZEROCOPY = 0x4000000
+RDS_MAX_MSG_SIZE = 1 << 20
+
+
+class StackError(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class TcpTransport(Protocol):
+    def send(self, msg: Outgoing, sport_hash: int) -> None: ...
+    def cong_map_changed(self, laddr: IPAddress) -> None: ...
+    def cancel(self, msg: Outgoing) -> None: ...
+
+
+@dataclass
+class LoopConn:
+    laddr: IPAddress
+    faddr: IPAddress
+    tos: int
+    next_tx_seq: int = 1
+    next_rx_seq: int = 1
+
+
+def _valid_dest(ip: IPAddress) -> bool:
+    ip = normalize(ip)
+    if ip.is_unspecified or ip.is_multicast:
+        return False
+    return not (ip.version == 4 and int(ip) == 0xFFFFFFFF)
+
+
+class Stack:
+    def __init__(self, config: StackConfig | None = None) -> None:
+        self.config = config or StackConfig()
+        self.counters = new_counters()
+        self.ports = PortSpace()
+        self.socks: dict[int, SockState] = {}
+        self.cong = CongestionTable(self.counters)
+        self.cong.on_local_change = self._local_map_changed
+        self.loop_conns: dict[tuple[IPAddress, IPAddress, int], LoopConn] = {}
+        self.tcp: TcpTransport | None = None
+        self._next_id = 1
+        self._local_cache: dict[IPAddress, tuple[bool, float]] = {}
+
+    # -- helpers
+    def is_local(self, ip: IPAddress, scope_id: int = 0) -> bool:
+        ip = normalize(ip)
+        now = time.monotonic()
+        hit = self._local_cache.get(ip)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        val = is_loopback(ip) or is_local(ip, scope_id)
+        self._local_cache[ip] = (val, now + 1.0)
+        return val
+
+    def wake(self, rs: SockState) -> None:
+        rs.update_readiness()
+
+    # -- socket lifetime
+    def open(self) -> SockState:
+        rs = SockState(self._next_id, self.config.wmem_default, self.config.rmem_default)
+        self._next_id += 1
+        self.socks[rs.sock_id] = rs
+        return rs
+
+    def close(self, rs: SockState) -> None:
+        """rds_release: unbind, drop the receive queue, cancel queued sends, leave monitors."""
+        rs.dead = True
+        self.cong.monitor(rs, False)
+        for inc in list(rs.recv_queue):
+            self._rcvbuf_delta(rs, -len(inc.payload))
+        rs.recv_queue.clear()
+        for msg in list(rs.sent.values()):
+            if self.tcp is not None:
+                self.tcp.cancel(msg)
+        rs.sent.clear()
+        if rs.bound_addr is not None:
+            self.ports.remove(rs.bound_addr, rs.bound_port, rs.sock_id)
+        self.socks.pop(rs.sock_id, None)
+        if rs.readiness is not None:
+            rs.readiness.close()
+            rs.readiness = None
+
+    # -- addressing
+    def bind(self, rs: SockState, ip: IPAddress, port: int, scope_id: int) -> None:
+        if ip.is_unspecified or not _valid_dest(ip):
+            raise StackError(errno.EINVAL)
+        if ip.version == 6 and ip.is_link_local and scope_id == 0:
+            raise StackError(errno.EINVAL)
+        if rs.bound_addr is not None:
+            raise StackError(errno.EINVAL)
+        local = self.is_local(ip, scope_id)
+        if rs.transport is not None:
+            if rs.transport != Transport.TCP or not local:
+                raise StackError(errno.ENOPROTOOPT)
+            trans = rs.transport
+        else:
+            if is_loopback(ip):
+                trans = Transport.LOOP
+            elif local:
+                trans = Transport.TCP
+            else:
+                raise StackError(errno.EADDRNOTAVAIL)
+        got = self.ports.add(ip, port, rs.sock_id)
+        if got < 0:
+            raise StackError(-got)
+        rs.transport = trans
+        rs.bound_addr = normalize(ip)
+        rs.bound_port = got
+        rs.scope_id = scope_id
+
+    def connect(self, rs: SockState, ip: IPAddress, port: int, v6: bool) -> None:
+        mapped = ip.version == 6 and ip.ipv4_mapped is not None  # type: ignore[union-attr]
+        if not v6:
+            if ip.is_unspecified:
+                raise StackError(errno.EDESTADDRREQ)
+            if not _valid_dest(ip):
+                raise StackError(errno.EINVAL)
+        elif not _valid_dest(ip) or (not mapped and (ip.is_unspecified or ip.is_multicast)):
+            raise StackError(errno.EPROTOTYPE)
+        rs.conn_addr = normalize(ip)
+        rs.conn_port = port
+
+    # -- data path
+    def sendmsg(
+        self,
+        rs: SockState,
+        payload: bytes,
+        anc: Sequence[tuple[int, int, bytes]],
+        flags: int,
+        dest: tuple[IPAddress, int] | None,
+        nonblock: bool,
+    ) -> int:
+        if flags & ~(MSG_DONTWAIT | MSG_ZEROCOPY):
+            raise StackError(errno.EOPNOTSUPP)
+        if dest is not None:
+            daddr, dport = dest
+            if not _valid_dest(daddr):
+                raise StackError(errno.EINVAL)
+            daddr = normalize(daddr)
+        else:
+            daddr, dport = rs.conn_addr or ipaddress.IPv4Address(0), rs.conn_port
+        if rs.bound_addr is None or daddr.is_unspecified:
+            raise StackError(errno.ENOTCONN)
+        if dest is not None and daddr.version != rs.bound_addr.version:
+            raise StackError(errno.EOPNOTSUPP)
+        plen = len(payload)
+        if plen > RDS_MAX_MSG_SIZE or plen > rs.rds_sndbuf:
+            raise StackError(errno.EMSGSIZE)
+        zcopy = bool(flags & MSG_ZEROCOPY) and rs.zerocopy
+        if zcopy and rs.transport != Transport.TCP:
+            raise StackError(errno.EOPNOTSUPP)
+        try:
+            cookie = cmsgs.check_send(anc, flags, zcopy)
+        except cmsgs.CmsgError as exc:
+            raise StackError(exc.code) from None
+        if nonblock is False and flags & MSG_DONTWAIT:
+            nonblock = True
+        if self.cong.test(daddr, dport):
+            if not nonblock:
+                self.counters["cong_send_blocked"] += 1
+                raise StackError(WAIT_CONG)
+            if rs.cong_monitor:
+                rs.cong_mask |= 1 << (dport % 64)
+            self.counters["cong_send_error"] += 1
+            raise StackError(errno.ENOBUFS)
+        if rs.snd_bytes >= rs.rds_sndbuf:
+            self.counters["send_queue_full"] += 1
+            raise StackError(errno.EAGAIN)
+        msg = Outgoing(rs.sock_id, rs.bound_addr, daddr, rs.bound_port, dport, bytes(payload), rs.tos,
+                       zcookie=cookie)
+        rs.snd_bytes += plen
+        rs.sent_any = True
+        rs.sent[id(msg)] = msg
+        self.counters["send_queued"] += 1
+        self.counters["copy_from_user"] += 1
+        if self.is_local(daddr):
+            self._loop_xmit(msg)
+        elif self.tcp is None:
+            raise StackError(errno.EADDRNOTAVAIL)
+        else:
+            self.tcp.send(msg, rs.bound_port)
+        rs.update_readiness()
+        return plen
+
+    def _loop_xmit(self, msg: Outgoing) -> None:
+        """rds_loop_xmit: the message is received and acked at once."""
+        key = (msg.saddr, msg.daddr, msg.tos)
+        conn = self.loop_conns.get(key)
+        if conn is None:
+            conn = self.loop_conns[key] = LoopConn(msg.saddr, msg.daddr, msg.tos)
+        msg.seq = conn.next_tx_seq
+        conn.next_tx_seq += 1
+        conn.next_rx_seq = conn.next_tx_seq
+        now = time.monotonic_ns()
+        inc = Incoming(msg.saddr, msg.daddr, msg.sport, msg.dport, msg.payload, msg.seq, msg.tos, lat=(0, 0, now, 0))
+        self.acked(msg)
+        self.deliver(inc)
+
+    def acked(self, msg: Outgoing) -> None:
+        """A sent message is acked: release its send-buffer bytes, queue its zerocopy cookie."""
+        rs = self.socks.get(msg.sock_id)
+        if rs is None or rs.sent.pop(id(msg), None) is None:
+            return
+        rs.snd_bytes -= len(msg.payload)
+        if msg.zcookie is not None:
+            rs.add_zcookie(msg.zcookie)
+        rs.update_readiness()
+
+    def cancel_sent_to(self, rs: SockState, daddr: IPAddress, dport: int) -> None:
+        daddr = normalize(daddr)
+        for key, msg in list(rs.sent.items()):
+            if msg.daddr == daddr and msg.dport == dport:
+                del rs.sent[key]
+                rs.snd_bytes -= len(msg.payload)
+                self.counters["send_canceled"] += 1
+                if self.tcp is not None:
+                    self.tcp.cancel(msg)
+        rs.update_readiness()
+
+    def deliver(self, inc: Incoming) -> None:
+        """rds_recv_incoming after sequence checks: pings, lookup, queueing, congestion accounting."""
+        if inc.dport == 0 and self.config.sysctl["ping_enable"]:
+            if inc.sport == 0:
+                return
+            self.counters["recv_ping"] += 1
+            self.counters["send_pong"] += 1
+            self._pong(inc)
+            return
+        sock_id = self.ports.lookup(inc.daddr, inc.dport)
+        rs = self.socks.get(sock_id) if sock_id is not None else None
+        if rs is None:
+            self.counters["recv_drop_no_sock"] += 1
+            return
+        if rs.dead:
+            self.counters["recv_drop_dead_sock"] += 1
+            return
+        self.counters["recv_queued"] += 1
+        self._rcvbuf_delta(rs, len(inc.payload))
+        if rs.timestamp:
+            inc.rx_tstamp_ns = time.time_ns()
+        inc.lat = (inc.lat[0], inc.lat[1], time.monotonic_ns(), 0)
+        rs.recv_queue.append(inc)
+        rs.update_readiness()
+
+    def _pong(self, ping: Incoming) -> None:
+        if self.is_local(ping.saddr):
+            key = (ping.daddr, ping.saddr, ping.tos)
+            conn = self.loop_conns.setdefault(key, LoopConn(ping.daddr, ping.saddr, ping.tos))
+            seq = conn.next_tx_seq
+            conn.next_tx_seq += 1
+            self.deliver(Incoming(ping.daddr, ping.saddr, 0, ping.sport, b"", seq, ping.tos))
+        elif self.tcp is not None:
+            pong = Outgoing(0, ping.daddr, ping.saddr, 0, ping.sport, b"", ping.tos)
+            self.tcp.send(pong, 0)
+
+    def _rcvbuf_delta(self, rs: SockState, delta: int) -> None:
+        if delta == 0:
+            return
+        rs.rcv_bytes += delta
+        key = "recv_bytes_added_to_socket" if delta > 0 else "recv_bytes_removed_from_socket"
+        self.counters[key] += abs(delta)
+        if rs.transport == Transport.LOOP or rs.bound_addr is None:
+            return
+        now = next_congested_state(rs.congested, rs.rcv_bytes, rs.rcvbuf)
+        if now != rs.congested:
+            rs.congested = now
+            self.cong.set_local(rs.bound_addr, rs.bound_port, now)
+
+    def _local_map_changed(self, laddr: IPAddress) -> None:
+        self.counters["cong_update_queued"] += 1
+        if any(c.laddr == laddr for c in self.loop_conns.values()):
+            self.cong.map_updated(ALL_PORTS, self.wake)
+        if self.tcp is not None:
+            self.tcp.cong_map_changed(laddr)
+
+    def recvmsg(
+        self, rs: SockState, bufsize: int, ancbufsize: int, flags: int, nonblock: bool
+    ) -> tuple[bytes, list[tuple[int, int, bytes]], int, Any]:
+        if flags & socket.MSG_OOB:
+            raise StackError(errno.EOPNOTSUPP)
+        if flags & socket.MSG_DONTWAIT:
+            nonblock = True
+        out = cmsgs.AncBuilder(ancbufsize)
+        if rs.cong_notify:
+            notify = rs.cong_notify
+            if out.put_cong(notify):
+                rs.cong_notify &= ~notify
+            rs.update_readiness()
+            return b"", out.items, out.msg_flags, None
+        if not rs.recv_queue:
+            if rs.zcookies and out.put_zcookies(rs):
+                rs.update_readiness()
+                return b"", out.items, out.msg_flags, None
+            raise StackError(errno.EAGAIN)
+        inc = rs.recv_queue[0]
+        data = inc.payload[:bufsize]
+        msg_flags = 0
+        if len(data) < len(inc.payload):
+            msg_flags |= MSG_TRUNC
+        if not flags & MSG_PEEK:
+            rs.recv_queue.popleft()
+            self._rcvbuf_delta(rs, -len(inc.payload))
+        out.put_recv(rs, inc)
+        out.put_zcookies(rs)
+        self.counters["recv_delivered"] += 1
+        self.counters["copy_to_user"] += 1
+        rs.update_readiness()
+        return data, out.items, msg_flags | out.msg_flags, (str(inc.saddr), inc.sport, rs.scope_id)
