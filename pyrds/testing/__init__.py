@@ -1,0 +1,1 @@
+"""Test support for pyrds: the pytest plugin (backend fixtures), socket agents, two-node topologies, report."""

@@ -1,0 +1,313 @@
+"""A socket agent: a child process (usually inside another network namespace) that owns RDS sockets for a test.
+
+Why: a process can only create sockets in its own network namespace (AF_RDS and the userspace stack's abstract
+unix socket are both per netns), so each node of a two-node scenario runs one agent and the test drives it.
+
+Protocol (parent <-> agent over the agent's stdin/stdout pipes): frames of a 4-byte big-endian length followed
+by a pickled tuple. Request ``(op, *args)``; reply ``("ok", value)``, ``("oserror", errno, text)`` or
+``("error", exc_type_name, text)``. Ops:
+
+- ``socket(backend) -> handle``; ``call(handle, method, args) -> value`` (any RDSSocketBase method);
+  ``poll(handle, events, timeout_ms) -> revents``; ``close_all()``;
+- ``job(func, handles, kwargs) -> job id``: runs ``"module:function"(sockets, **kwargs)`` in a thread (bulk
+  workloads that must not pay one RPC per message); ``wait(job id, timeout) -> result`` (re-raises its error);
+- ``write_file(path, text)`` / ``read_file(path)``: sysctls as seen from the agent's namespace;
+- ``exit``.
+
+The agent is trusted test code (pickle over a private pipe); it is not a network service.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, BinaryIO
+
+_HDR = struct.Struct(">I")
+
+
+def _write_frame(stream: BinaryIO, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HDR.pack(len(data)) + data)
+    stream.flush()
+
+
+def _read_frame(stream: BinaryIO) -> Any:
+    hdr = stream.read(_HDR.size)
+    if len(hdr) < _HDR.size:
+        raise EOFError("agent pipe closed")
+    (n,) = _HDR.unpack(hdr)
+    data = stream.read(n)
+    if len(data) < n:
+        raise EOFError("agent pipe closed mid-frame")
+    return pickle.loads(data)
+
+
+def _resolve(func: str) -> Callable[..., Any]:
+    module, _, name = func.partition(":")
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return fn
+
+
+class _Job:
+    def __init__(self, fn: Callable[..., Any], socks: list[Any], kwargs: dict[str, Any]) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn, socks, kwargs), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[..., Any], socks: list[Any], kwargs: dict[str, Any]) -> None:
+        try:
+            self.result = fn(socks, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - shipped back to the parent
+            self.error = exc
+
+
+class _AgentServer:
+    def __init__(self) -> None:
+        self.socks: dict[int, Any] = {}
+        self.jobs: dict[int, _Job] = {}
+        self.next_id = 1
+
+    def op_socket(self, backend: str) -> int:
+        import pyrds
+
+        sock = pyrds.socket(backend)  # type: ignore[arg-type]
+        hid = self.next_id
+        self.next_id += 1
+        self.socks[hid] = sock
+        return hid
+
+    def op_call(self, hid: int, method: str, args: Sequence[Any]) -> Any:
+        result = getattr(self.socks[hid], method)(*args)
+        if method == "close":
+            self.socks.pop(hid, None)
+        return result
+
+    def op_poll(self, hid: int, events: int, timeout_ms: int) -> int:
+        p = select.poll()
+        p.register(self.socks[hid].fileno(), events)
+        res = p.poll(timeout_ms)
+        return res[0][1] if res else 0
+
+    def op_close_all(self) -> None:
+        for sock in self.socks.values():
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self.socks.clear()
+
+    def op_job(self, func: str, handles: Sequence[int], kwargs: dict[str, Any]) -> int:
+        jid = self.next_id
+        self.next_id += 1
+        self.jobs[jid] = _Job(_resolve(func), [self.socks[h] for h in handles], kwargs)
+        return jid
+
+    def op_wait(self, jid: int, timeout: float | None) -> Any:
+        job = self.jobs[jid]
+        job.thread.join(timeout)
+        if job.thread.is_alive():
+            raise TimeoutError(f"job {jid} still running after {timeout}s")
+        del self.jobs[jid]
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def op_write_file(self, path: str, text: str) -> None:
+        with open(path, "w") as f:
+            f.write(text)
+
+    def op_read_file(self, path: str) -> str:
+        with open(path) as f:
+            return f.read()
+
+    def op_getpid(self) -> int:
+        return os.getpid()
+
+
+def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
+    server = _AgentServer()
+    while True:
+        try:
+            req = _read_frame(stdin)
+        except EOFError:
+            break
+        op, args = req[0], req[1:]
+        if op == "exit":
+            server.op_close_all()
+            _write_frame(stdout, ("ok", None))
+            break
+        try:
+            value = getattr(server, f"op_{op}")(*args)
+            reply: tuple[Any, ...] = ("ok", value)
+        except OSError as exc:
+            reply = ("oserror", exc.errno, exc.strerror or str(exc))
+        except BaseException as exc:  # noqa: BLE001
+            reply = ("error", type(exc).__name__, str(exc))
+        try:
+            _write_frame(stdout, reply)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            _write_frame(stdout, ("error", "PicklingError", f"{op}: unpicklable reply: {exc}"))
+
+
+_EXC: dict[str, type[Exception]] = {
+    "TypeError": TypeError,
+    "ValueError": ValueError,
+    "OverflowError": OverflowError,
+    "TimeoutError": TimeoutError,
+    "KeyError": KeyError,
+}
+
+
+class AgentError(RuntimeError):
+    """An agent-side exception that is not an OSError or a standard argument error."""
+
+
+class Agent:
+    """Parent-side handle of one agent process."""
+
+    def __init__(self, netns: str | None = None, env: dict[str, str] | None = None, name: str = "") -> None:
+        self.name = name
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        # the agent must import this checkout of pyrds whatever the current directory in the netns is
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        full_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, full_env.get("PYTHONPATH", "")) if p)
+        argv = [sys.executable, "-m", "pyrds.testing.agent"]
+        pipes: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "env": full_env}
+        if netns is None:
+            self.proc: subprocess.Popen[bytes] = subprocess.Popen(argv, **pipes)
+        else:
+            from pyrds.netns import popen_in_netns
+
+            self.proc = popen_in_netns(netns, argv, **pipes)
+        self._lock = threading.Lock()
+        self.pid: int = self.request("getpid")
+
+    def request(self, op: str, *args: Any) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        with self._lock:
+            _write_frame(self.proc.stdin, (op, *args))  # type: ignore[arg-type]
+            reply = _read_frame(self.proc.stdout)  # type: ignore[arg-type]
+        if reply[0] == "ok":
+            return reply[1]
+        if reply[0] == "oserror":
+            raise OSError(reply[1], reply[2])
+        exc_type = _EXC.get(reply[1], AgentError)
+        raise exc_type(f"[agent {self.name}] {reply[2]}" if exc_type is AgentError else reply[2])
+
+    def socket(self, backend: str) -> RemoteSocket:
+        return RemoteSocket(self, self.request("socket", backend), backend)
+
+    def job(self, func: str, socks: Sequence[RemoteSocket], **kwargs: Any) -> int:
+        jid: int = self.request("job", func, [s.handle for s in socks], kwargs)
+        return jid
+
+    def wait(self, jid: int, timeout: float | None = None) -> Any:
+        return self.request("wait", jid, timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.request("exit")
+            except (EOFError, OSError, BrokenPipeError):
+                pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+
+
+class RemoteSocket:
+    """An RDS socket living in an agent; the methods mirror :class:`pyrds.api.RDSSocketBase`."""
+
+    def __init__(self, agent: Agent, handle: int, backend: str) -> None:
+        self.agent = agent
+        self.handle = handle
+        self.backend = backend
+
+    def _call(self, method: str, *args: Any) -> Any:
+        return self.agent.request("call", self.handle, method, args)
+
+    def bind(self, address: Any) -> None:
+        self._call("bind", address)
+
+    def connect(self, address: Any) -> None:
+        self._call("connect", address)
+
+    def getsockname(self) -> Any:
+        return self._call("getsockname")
+
+    def getpeername(self) -> Any:
+        return self._call("getpeername")
+
+    def send(self, data: bytes, flags: int = 0) -> int:
+        n: int = self._call("send", bytes(data), flags)
+        return n
+
+    def sendto(self, data: bytes, *args: Any) -> int:
+        n: int = self._call("sendto", bytes(data), *args)
+        return n
+
+    def sendmsg(self, buffers: Sequence[bytes], ancdata: Sequence[Any] = (), flags: int = 0, address: Any = None) -> int:
+        n: int = self._call("sendmsg", [bytes(b) for b in buffers], list(ancdata), flags, address)
+        return n
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data: bytes = self._call("recv", bufsize, flags)
+        return data
+
+    def recvfrom(self, bufsize: int, flags: int = 0) -> tuple[bytes, Any]:
+        res: tuple[bytes, Any] = self._call("recvfrom", bufsize, flags)
+        return res
+
+    def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> tuple[bytes, Any, int, Any]:
+        res: tuple[bytes, Any, int, Any] = self._call("recvmsg", bufsize, ancbufsize, flags)
+        return res
+
+    def setsockopt(self, level: int, optname: int, value: int | bytes) -> None:
+        self._call("setsockopt", level, optname, value)
+
+    def getsockopt(self, level: int, optname: int, buflen: int = 0) -> int | bytes:
+        res: int | bytes = self._call("getsockopt", level, optname, buflen)
+        return res
+
+    def get_info(self, info_type: int) -> list[Any]:
+        return list(self._call("get_info", info_type))
+
+    def settimeout(self, timeout: float | None) -> None:
+        self._call("settimeout", timeout)
+
+    def setblocking(self, flag: bool) -> None:
+        self._call("setblocking", flag)
+
+    def poll(self, events: int, timeout_ms: int = 0) -> int:
+        rev: int = self.agent.request("poll", self.handle, events, timeout_ms)
+        return rev
+
+    def close(self) -> None:
+        self._call("close")
+
+
+def main() -> None:
+    # keep the pipe protocol clean: anything printed by imported code goes to stderr
+    stdin = sys.stdin.buffer
+    stdout = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    serve(stdin, stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""pytest plugin (entry point ``pytest11: pyrds``): backend fixtures for side-by-side RDS conformance tests.
+
+Fixtures
+- ``rds_backend``: ``"kernel"`` / ``"userspace"`` (parametrized). An unavailable backend is a SKIP with the
+  reason (e.g. no AF_RDS on this kernel), never a pass.
+- ``rds_socket_factory``: ``make() -> socket`` on the chosen backend; every socket is closed after the test.
+- ``rds_pair``: two sockets bound on 127.0.0.1 (loop transport), 5 s timeouts.
+- ``rds_two_nodes``: :class:`pyrds.testing.topology.TwoNodes`, node A and node B in two netns joined by a veth,
+  parametrized kernel-kernel, userspace-userspace, kernel-userspace, userspace-kernel (mixed, both directions).
+  Each node's sockets live in an agent process inside its namespace (:mod:`pyrds.testing.agent`).
+- ``rds_observe(key, value)``: record an observable for the report's divergence check.
+- ``rds_message_count``: ``--rds-messages`` (default 2000; the kernel selftest uses 50000).
+
+Every test item gets ``user_properties`` ``rds_scenario`` / ``rds_backend`` (kernel, userspace, mixed:A-B) that
+end up in the JUnit XML; ``--rds-results FILE`` also writes them, with outcomes, as JSON for
+``python -m pyrds.testing.report``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+BACKENDS = ("kernel", "userspace")
+PAIRS = ("kernel-kernel", "userspace-userspace", "kernel-userspace", "userspace-kernel")
+_unavailable_cache: dict[str, str | None] = {}
+
+
+def backend_unavailable(name: str) -> str | None:
+    """None when ``name`` can make sockets here, else why not (used as the skip reason)."""
+    if name not in _unavailable_cache:
+        _unavailable_cache[name] = _probe(name)
+    return _unavailable_cache[name]
+
+
+def _probe(name: str) -> str | None:
+    import importlib
+
+    if name == "kernel":
+        import pyrds
+
+        if not pyrds.kernel_available():
+            return "kernel backend: AF_RDS is not available on this kernel (rds module missing; run in the VM)"
+    try:
+        mod = importlib.import_module(f"pyrds.{name}")
+        getattr(mod, "RDSSocket")  # noqa: B009 - attribute presence is the probe
+    except (ImportError, AttributeError) as exc:
+        return f"{name} backend not importable: {exc}"
+    try:
+        import pyrds
+
+        pyrds.socket(name).close()  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - any failure to create a socket means unavailable
+        return f"{name} backend cannot create a socket: {exc!r}"
+    return None
+
+
+def pair_label(pair: str) -> str:
+    a, b = pair.split("-")
+    return a if a == b else f"mixed:{pair}"
+
+
+# ------------------------------------------------------------------------------------------------ options
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pyrds", "pyrds conformance")
+    group.addoption("--rds-messages", type=int, default=int(os.environ.get("PYRDS_MESSAGES", "2000")),
+                    help="messages per direction in the selftest scenario (default 2000; kernel selftest: 50000)")
+    group.addoption("--rds-only", default=None,
+                    help="comma list of backend labels to keep: kernel,userspace,mixed (others deselected)")
+    group.addoption("--rds-results", default=None, help="write per-test outcomes and observations as JSON")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "rds_scenario(name): override the scenario name used in the report")
+    config._pyrds_results = {}  # type: ignore[attr-defined]
+
+
+def _labels_of(item: pytest.Item) -> tuple[str, str] | None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return None
+    params: dict[str, Any] = dict(callspec.params)
+    if "rds_backend" in params:
+        backend = str(params.pop("rds_backend"))
+    elif "_rds_topology" in params:
+        backend = pair_label(str(params.pop("_rds_topology")))
+    else:
+        return None
+    mod = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
+    name = getattr(item, "originalname", item.name)
+    extra = "-".join(f"{k}={v}" for k, v in sorted(params.items()))
+    scenario = f"{mod}::{name}" + (f"[{extra}]" if extra else "")
+    marker = item.get_closest_marker("rds_scenario")
+    if marker is not None:
+        scenario = str(marker.args[0])
+    return scenario, backend
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    only = config.getoption("--rds-only")
+    keep = {x.strip() for x in only.split(",")} if only else None
+    selected, deselected = [], []
+    for item in items:
+        labels = _labels_of(item)
+        if labels is not None:
+            item.user_properties.append(("rds_scenario", labels[0]))
+            item.user_properties.append(("rds_backend", labels[1]))
+            if keep is not None and labels[1].split(":")[0] not in keep:
+                deselected.append(item)
+                continue
+        selected.append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Fold setup/call/teardown into one outcome per test (controller side, works under xdist)."""
+    config = getattr(pytest_runtest_logreport, "_config", None)
+    if config is None:
+        return
+    results: dict[str, dict[str, Any]] = config._pyrds_results
+    entry = results.setdefault(report.nodeid, {"nodeid": report.nodeid, "outcome": "passed", "props": {}})
+    for k, v in report.user_properties:
+        if k.startswith("rds_"):
+            entry["props"][k] = v
+    if report.failed:
+        entry["outcome"] = "failed" if report.when == "call" or entry["outcome"] != "failed" else "failed"
+        entry.setdefault("longrepr", str(report.longrepr)[-4000:])
+    elif report.skipped and entry["outcome"] == "passed":
+        if hasattr(report, "wasxfail"):
+            entry["outcome"] = "xfailed"
+        else:
+            entry["outcome"] = "skipped"
+            lr = report.longrepr
+            entry["reason"] = lr[2] if isinstance(lr, tuple) else str(lr)
+    entry["duration"] = entry.get("duration", 0.0) + report.duration
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    pytest_runtest_logreport._config = session.config  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = session.config.getoption("--rds-results")
+    if not path or hasattr(session.config, "workerinput"):
+        return
+    data = {"tests": list(session.config._pyrds_results.values())}  # type: ignore[attr-defined]
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(params=BACKENDS)
+def rds_backend(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    reason = backend_unavailable(name)
+    if reason:
+        pytest.skip(reason)
+    return name
+
+
+@pytest.fixture
+def rds_socket_factory(rds_backend: str) -> Iterator[Callable[[], Any]]:
+    import pyrds
+
+    made: list[Any] = []
+
+    def make() -> Any:
+        sock = pyrds.socket(rds_backend)  # type: ignore[arg-type]
+        made.append(sock)
+        return sock
+
+    yield make
+    for sock in made:
+        with contextlib.suppress(Exception):
+            sock.close()
+
+
+@pytest.fixture
+def rds_pair(rds_socket_factory: Callable[[], Any]) -> tuple[Any, Any]:
+    a, b = rds_socket_factory(), rds_socket_factory()
+    for s in (a, b):
+        s.bind(("127.0.0.1", 0))
+        s.settimeout(5.0)
+    return a, b
+
+
+@pytest.fixture(scope="session", params=PAIRS)
+def _rds_topology(request: pytest.FixtureRequest) -> Iterator[Any]:
+    from pyrds.testing.topology import TwoNodes, netns_supported
+
+    pair: str = request.param
+    reason = netns_supported()
+    if reason:
+        pytest.skip(reason)
+    for backend in set(pair.split("-")):
+        reason = backend_unavailable(backend)
+        if reason:
+            pytest.skip(reason)
+    nodes = TwoNodes.create(pair.split("-"))
+    yield nodes
+    nodes.destroy()
+
+
+@pytest.fixture
+def rds_two_nodes(_rds_topology: Any) -> Iterator[Any]:
+    yield _rds_topology
+    _rds_topology.clear_netem()
+    for n in _rds_topology.nodes:
+        n.close_sockets()
+
+
+@pytest.fixture
+def rds_observe(request: pytest.FixtureRequest) -> Callable[[str, Any], None]:
+    def observe(key: str, value: Any) -> None:
+        request.node.user_properties.append((f"rds_obs.{key}", repr(value)))
+
+    return observe
+
+
+@pytest.fixture
+def rds_message_count(request: pytest.FixtureRequest) -> int:
+    count: int = request.config.getoption("--rds-messages")
+    return count

@@ -1,0 +1,151 @@
+"""Bulk workloads run next to the sockets (inside an agent, or in-process): no per-message RPC.
+
+:func:`exchange` is the kernel selftest's traffic pattern (tools/testing/selftests/net/rds/test.py): every socket
+sends ``count`` messages of pseudo-random size and content to every peer while receiving, non-blocking with poll,
+retrying on EAGAIN/ENOBUFS, and keeps a running SHA-256 per (sender, receiver) pair on both sides. Equal digests
+on the two sides prove exactly-once, in-order delivery (a loss, duplicate or reordering changes the digest).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import importlib
+import random
+import select
+import struct
+import time
+from collections.abc import Sequence
+from typing import Any
+
+RETRY_ERRNOS = (errno.EAGAIN, errno.ENOBUFS)
+
+
+def addr_key(addr: Any) -> str:
+    return f"{addr[0]}:{addr[1]}"
+
+
+def payload_for(seed: int, src: str, dst: str, i: int, max_size: int) -> bytes:
+    rng = random.Random(f"{seed}/{src}/{dst}/{i}")
+    size = rng.randrange(0, max_size + 1)
+    return struct.pack(">I", i) + rng.randbytes(size)
+
+
+def exchange(
+    socks: Sequence[Any],
+    *,
+    peers: Sequence[Any],
+    count: int,
+    seed: int = 1,
+    max_size: int = 1024,
+    timeout: float = 600.0,
+) -> dict[str, Any]:
+    """Send ``count`` messages to each peer from ``socks[0]`` and receive ``count`` from each peer."""
+    sock = socks[0]
+    sock.setblocking(False)
+    me = addr_key(sock.getsockname())
+    peer_keys = [addr_key(p) for p in peers]
+    sent_hash = {k: hashlib.sha256() for k in peer_keys}
+    recv_hash: dict[str, Any] = {}
+    recv_n: dict[str, int] = {}
+    order = [(j, i) for i in range(count) for j in range(len(peers))]
+    idx = 0
+    pending: bytes | None = None
+    expected = count * len(peers)
+    got = 0
+    retries = 0
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLOUT)
+    deadline = time.monotonic() + timeout
+    while idx < len(order) or got < expected:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{me}: sent {idx}/{len(order)}, received {got}/{expected} after {timeout}s")
+        if idx >= len(order):
+            poller.modify(sock.fileno(), select.POLLIN)
+        poller.poll(50)
+        while True:
+            try:
+                data, addr = sock.recvfrom(1 << 20)
+            except OSError as exc:
+                if exc.errno == errno.EAGAIN:
+                    break
+                raise
+            key = addr_key(addr)
+            recv_hash.setdefault(key, hashlib.sha256()).update(data)
+            recv_n[key] = recv_n.get(key, 0) + 1
+            got += 1
+        while idx < len(order):
+            j, i = order[idx]
+            if pending is None:
+                pending = payload_for(seed, me, peer_keys[j], i, max_size)
+            try:
+                sock.sendto(pending, peers[j])
+            except OSError as exc:
+                if exc.errno in RETRY_ERRNOS:
+                    retries += 1
+                    if exc.errno == errno.ENOBUFS:
+                        time.sleep(0.002)
+                    break
+                raise
+            sent_hash[peer_keys[j]].update(pending)
+            pending = None
+            idx += 1
+    return {
+        "me": me,
+        "sent": {k: h.hexdigest() for k, h in sent_hash.items()},
+        "recv": {k: h.hexdigest() for k, h in recv_hash.items()},
+        "recv_n": recv_n,
+        "retries": retries,
+    }
+
+
+def drain(socks: Sequence[Any], *, count: int, timeout: float = 60.0) -> list[bytes]:
+    """Receive exactly ``count`` messages on ``socks[0]`` (blocking with a deadline)."""
+    sock = socks[0]
+    sock.settimeout(timeout)
+    return [sock.recv(1 << 20) for _ in range(count)]
+
+
+def userspace_force_reconnect(socks: Sequence[Any]) -> None:
+    """The userspace stack's equivalent of writing net.rds.tcp.rds_tcp_sndbuf: drop all TCP paths."""
+    for modname, fn in (
+        ("pyrds.userspace.control", "force_reconnect"),
+        ("pyrds.userspace.sysctl", "force_reconnect"),
+        ("pyrds.userspace", "force_reconnect"),
+    ):
+        try:
+            mod = importlib.import_module(modname)
+        except ImportError:
+            continue
+        if hasattr(mod, fn):
+            getattr(mod, fn)()
+            return
+    raise NotImplementedError("the userspace stack exposes no force_reconnect knob")
+
+
+def rdma_probe(socks: Sequence[Any], *, dest: Any, kind: str) -> int:
+    """Try an RDMA or atomic send with buffers that exist in THIS process; return 0 or the errno."""
+    import ctypes
+
+    from pyrds import cmsg, uapi
+    from pyrds.constants import CmsgType
+
+    sock = socks[0]
+    local = ctypes.create_string_buffer(4096)
+    iov = uapi.rds_iovec()
+    iov.addr = ctypes.addressof(local)
+    iov.bytes = 64
+    if kind == "rdma":
+        anc = [cmsg.rdma_args(cookie=0x100000001, remote_addr=0, remote_bytes=64,
+                              local_vec_addr=ctypes.addressof(iov), nr_local=1, user_token=7)]
+    else:
+        addr = (ctypes.addressof(local) + 7) & ~7
+        anc = [cmsg.build(cmsg.AtomicArgs(kind=CmsgType.RDS_CMSG_ATOMIC_FADD, cookie=0x100000001,
+                                          local_addr=addr, remote_addr=0, add=1))]
+    try:
+        sock.sendmsg([b"rdma"], anc, 0, dest)
+    except OSError as exc:
+        return exc.errno or -1
+    finally:
+        del local, iov
+    return 0
