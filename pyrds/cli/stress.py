@@ -38,6 +38,7 @@ from pyrds.cli.stress_proto import (
     recv_wait,
     send_retry,
     serve,
+    size_buffers,
 )
 
 DEFAULT_PORT = 4000
@@ -68,6 +69,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     mode.add_argument("--one-way", dest="mode", action="store_const", const="oneway", help="send only")
     mode.add_argument(
         "--rr", dest="mode", action="store_const", const="rr", help="request/response (default)"
+    )
+    p.add_argument(
+        "--sockbuf",
+        type=size_arg,
+        default=None,
+        help="SO_SNDBUF/SO_RCVBUF bytes (default max(4M, 8*size*depth); 0 keeps the system default)",
     )
     p.add_argument("--passive", action="store_true", help="act as the passive (server) side")
     p.add_argument("--once", action="store_true", help="passive: exit after the first run finishes")
@@ -134,6 +141,12 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[idx]
 
 
+def sockbuf_bytes(args: argparse.Namespace) -> int:
+    if args.sockbuf is not None:
+        return int(args.sockbuf)
+    return max(4 << 20, 8 * max(int(args.size), 1024) * int(args.depth))
+
+
 def cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
@@ -166,23 +179,24 @@ class Task(threading.Thread):
             sock.bind(sockaddr(self.local, 0))
         except OSError as exc:
             raise UserError(f"cannot bind to {self.local}: {describe_oserror(exc)}", 2) from None
+        if sockbuf_bytes(self.args):
+            size_buffers(sock, sockbuf_bytes(self.args))
         sock.setblocking(False)
         hello = control("hello", mode=self.args.mode, ack=self.args.ack_size, size=self.args.size)
-        try:
-            send_retry(sock, hello, self.dest, time.monotonic() + REPLY_TIMEOUT, self.stop)
-        except OSError as exc:
-            raise UserError(
-                f"cannot send to {self.dest[0]}:{self.dest[1]}: {describe_oserror(exc)}", 1
-            ) from None
-        except StressError:
-            raise UserError(f"cannot send to {self.dest[0]}:{self.dest[1]}: send queue stuck", 1) from None
         end = time.monotonic() + REPLY_TIMEOUT
         while time.monotonic() < end:
-            got = recv_wait(sock, end - time.monotonic())
-            if got is None:
+            # resend the hello every second: a message to a port nobody has bound yet is dropped
+            try:
+                send_retry(sock, hello, self.dest, end, self.stop)
+            except OSError as exc:
+                where = f"{self.dest[0]}:{self.dest[1]}"
+                raise UserError(f"cannot send to {where}: {describe_oserror(exc)}", 1) from None
+            except StressError:
                 break
-            ctl = parse_control(got[0])
+            got = recv_wait(sock, min(1.0, max(0.0, end - time.monotonic())))
+            ctl = parse_control(got[0]) if got else None
             if ctl and ctl.get("op") == "ready":
+                self._drain_ready(sock)
                 return
         raise UserError(
             f"no stress server answered at {self.dest[0]}:{self.dest[1]} within "
@@ -190,6 +204,16 @@ class Task(threading.Thread):
             f"-p {self.dest[1]})",
             1,
         )
+
+    def _drain_ready(self, sock: RDSSocketBase) -> None:
+        """Swallow duplicate 'ready' answers to resent hellos (they arrive right away, in order)."""
+        while True:
+            got = recv_wait(sock, 0.05)
+            if got is None:
+                return
+            ctl = parse_control(got[0])
+            if not ctl or ctl.get("op") != "ready":
+                return
 
     def run(self) -> None:
         assert self.sock is not None
@@ -273,7 +297,7 @@ class Reporter:
             print(self.HEADER, file=self.out)
             self.printed_header = True
         rtt = f"{rtt_us:9.0f}" if rtt_us is not None else f"{'-':>9}"
-        line = f"{sec:5.0f} {tx:9.0f} {tx * self.size / 1e6:9.2f} {rtt} {cpu:6.0f}"
+        line = f"{sec:5.1f} {tx:9.0f} {tx * self.size / 1e6:9.2f} {rtt} {cpu:6.0f}"
         if self.tty:
             self.out.write(f"\r{self.HEADER.strip()} | {line.strip()}   ")
         else:
@@ -307,8 +331,14 @@ def _passive(args: argparse.Namespace, local: str) -> int:
             sock.bind(sockaddr(local, args.port))
         except OSError as exc:
             raise UserError(f"cannot bind to {local}:{args.port}: {describe_oserror(exc)}", 2) from None
-        if not args.json:
-            print(f"pyrds stress passive on {local}:{args.port} ({sock.backend} backend)", flush=True)
+        if sockbuf_bytes(args):
+            size_buffers(sock, sockbuf_bytes(args))
+        # the listening line tells scripts (benchmarks, tests) that the port is bound
+        print(
+            f"pyrds stress passive on {local}:{args.port} ({sock.backend} backend)",
+            file=sys.stderr if args.json else sys.stdout,
+            flush=True,
+        )
         return serve(sock, args.once, args.json)
     finally:
         sock.close()

@@ -11,6 +11,7 @@ import errno
 import json
 import selectors
 import signal
+import socket
 import sys
 import threading
 import time
@@ -21,6 +22,8 @@ from typing import Any
 from pyrds.api import RDSSocketBase
 
 MAGIC = b"\xfePYRDS-STRESS\x01"
+SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 RECV_BUF = (1 << 20) + 64
 RETRY_ERRNOS = (errno.EAGAIN, errno.ENOBUFS, errno.ETIMEDOUT, errno.EINTR)
 
@@ -41,6 +44,17 @@ def parse_control(data: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def size_buffers(sock: RDSSocketBase, nbytes: int) -> None:
+    """Raise SO_SNDBUF/SO_RCVBUF (the FORCE variants when allowed, like rds-stress as root); best effort."""
+    for force, plain in ((SO_SNDBUFFORCE, socket.SO_SNDBUF), (SO_RCVBUFFORCE, socket.SO_RCVBUF)):
+        for opt in (force, plain):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, nbytes)
+                break
+            except OSError:
+                continue
 
 
 def wait_fd(sock: RDSSocketBase, events: int, timeout: float) -> bool:
@@ -152,7 +166,7 @@ def serve(sock: RDSSocketBase, once: bool, as_json: bool, out: Any = None) -> in
                 )
                 _report_peer(out, addr, p, elapsed, as_json)
                 finished += 1
-                if once:
+                if once and not peers:
                     break
     except KeyboardInterrupt:
         pass
