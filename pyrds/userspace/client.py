@@ -160,7 +160,7 @@ class RDSSocket(RDSSocketBase):
             dest = (str(a.ip), a.port)
         nonblock = self._timeout == 0.0 or bool(flags & socket.MSG_DONTWAIT)
         deadline = self._deadline()
-        args = (payload, anc, flags, dest, nonblock)
+        args = (payload, anc, int(flags), dest, nonblock)
         while True:
             try:
                 n: int = self._call(rpc.Op.SEND, args)
@@ -183,7 +183,7 @@ class RDSSocket(RDSSocketBase):
         deadline = self._deadline()
         while True:
             try:
-                data, anc, mflags, src = self._call(rpc.Op.RECV, (bufsize, ancbufsize, flags, nonblock))
+                data, anc, mflags, src = self._call(rpc.Op.RECV, (int(bufsize), int(ancbufsize), int(flags), nonblock))
                 break
             except OSError as exc:
                 if nonblock or exc.errno != errno.EAGAIN:
@@ -201,12 +201,12 @@ class RDSSocket(RDSSocketBase):
         if not isinstance(value, (int, bytes, bytearray, memoryview)):
             raise TypeError("setsockopt value must be int or bytes")
         v = value if isinstance(value, int) else bytes(value)
-        self._call(rpc.Op.SETSOCKOPT, (level, optname, v))
+        self._call(rpc.Op.SETSOCKOPT, (int(level), int(optname), v if isinstance(v, bytes) else int(v)))
 
     def getsockopt(self, level: int, optname: int, buflen: int = 0) -> int | bytes:
         if buflen < 0 or buflen > 1 << 30:
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-        result: int | bytes = self._call(rpc.Op.GETSOCKOPT, (level, optname, buflen))
+        result: int | bytes = self._call(rpc.Op.GETSOCKOPT, (int(level), int(optname), int(buflen)))
         return result
 
     def get_info(self, info_type: int) -> Sequence[Any]:
@@ -216,7 +216,7 @@ class RDSSocket(RDSSocketBase):
     def set_tos(self, tos: int) -> None:
         if not 0 <= tos <= 255:
             raise OverflowError("tos must be 0-255")
-        self._call(rpc.Op.SET_TOS, (tos,))
+        self._call(rpc.Op.SET_TOS, (int(tos),))
 
     def get_tos(self) -> int:
         tos: int = self._call(rpc.Op.GET_TOS, ())

@@ -94,13 +94,13 @@ class AncBuilder:
 
     def put(self, level: int, kind: int, data: bytes) -> bool:
         if self.space < _HDR:
-            self.msg_flags |= socket.MSG_CTRUNC
+            self.msg_flags |= int(socket.MSG_CTRUNC)
             return True  # the kernel returns 0: the notification counts as delivered
         cmlen = _HDR + len(data)
         if self.space < cmlen:
-            self.msg_flags |= socket.MSG_CTRUNC
+            self.msg_flags |= int(socket.MSG_CTRUNC)
             data = data[: self.space - _HDR]
-        self.items.append((level, kind, data))
+        self.items.append((int(level), int(kind), bytes(data)))
         self.space -= min(_space(len(data)), self.space)
         return True
 

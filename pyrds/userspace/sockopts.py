@@ -140,7 +140,7 @@ def getsockopt(stack: Stack, rs: SockState, level: int, optname: int, buflen: in
 def _ret(value: int, buflen: int) -> int | bytes:
     if buflen:
         return struct.pack("=i", value)[: min(buflen, 4)]
-    return value
+    return int(value)
 
 
 def set_tos(rs: SockState, tos: int) -> None:

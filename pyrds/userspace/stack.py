@@ -25,9 +25,9 @@ from pyrds.userspace.proto.cong import next_congested_state
 from pyrds.userspace.rpc import WAIT_CONG
 from pyrds.userspace.sockstate import Incoming, Outgoing, SockState
 
-MSG_TRUNC = socket.MSG_TRUNC
-MSG_PEEK = socket.MSG_PEEK
-MSG_DONTWAIT = socket.MSG_DONTWAIT
+MSG_TRUNC = int(socket.MSG_TRUNC)
+MSG_PEEK = int(socket.MSG_PEEK)
+MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
 MSG_ZEROCOPY = 0x4000000
 RDS_MAX_MSG_SIZE = 1 << 20
 
