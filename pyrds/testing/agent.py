@@ -149,7 +149,10 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
             value = getattr(server, f"op_{op}")(*args)
             reply: tuple[Any, ...] = ("ok", value)
         except OSError as exc:
-            reply = ("oserror", exc.errno, exc.strerror or str(exc))
+            if exc.errno is None:  # e.g. socket.timeout/TimeoutError("timed out"): keep the type
+                reply = ("error", type(exc).__name__, str(exc))
+            else:
+                reply = ("oserror", exc.errno, exc.strerror or str(exc))
         except BaseException as exc:  # noqa: BLE001
             reply = ("error", type(exc).__name__, str(exc))
         try:

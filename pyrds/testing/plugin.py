@@ -79,10 +79,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "rds_scenario(name): override the scenario name used in the report")
+    config.addinivalue_line("markers", "rds_differential: runs both backends at once (report column 'differential')")
     config._pyrds_results = {}  # type: ignore[attr-defined]
 
 
 def _labels_of(item: pytest.Item) -> tuple[str, str] | None:
+    mod = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
+    if item.get_closest_marker("rds_differential") is not None:
+        return f"{mod}::{getattr(item, 'originalname', item.name)}", "differential"
     callspec = getattr(item, "callspec", None)
     if callspec is None:
         return None
@@ -93,10 +97,17 @@ def _labels_of(item: pytest.Item) -> tuple[str, str] | None:
         backend = pair_label(str(params.pop("_rds_topology")))
     else:
         return None
-    mod = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
     name = getattr(item, "originalname", item.name)
-    extra = "-".join(f"{k}={v}" for k, v in sorted(params.items()))
-    scenario = f"{mod}::{name}" + (f"[{extra}]" if extra else "")
+    scenario = f"{mod}::{name}"
+    if "[" in item.name and params:
+        parts = item.name[item.name.index("[") + 1 : -1].split("-")
+        drop = (backend if ":" not in backend else backend.split(":", 1)[1]).split("-")
+        for i in range(len(parts) - len(drop) + 1):
+            if parts[i : i + len(drop)] == drop:
+                del parts[i : i + len(drop)]
+                break
+        if parts:
+            scenario += "[" + "-".join(parts) + "]"
     marker = item.get_closest_marker("rds_scenario")
     if marker is not None:
         scenario = str(marker.args[0])
