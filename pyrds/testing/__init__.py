@@ -1,1 +1,2 @@
-"""Test support for pyrds: the pytest plugin (backend fixtures), socket agents, two-node topologies, report."""
+"""Test support for pyrds: the pytest plugin (backend fixtures), socket agents, two-node topologies,
+report."""

@@ -1,4 +1,5 @@
-"""A socket agent: a child process (usually inside another network namespace) that owns RDS sockets for a test.
+"""A socket agent: a child process (usually inside another network namespace) that owns RDS sockets for a
+test.
 
 Why: a process can only create sockets in its own network namespace (AF_RDS and the userspace stack's abstract
 unix socket are both per netns), so each node of a two-node scenario runs one agent and the test drives it.
@@ -264,7 +265,9 @@ class RemoteSocket:
         n: int = self._call("sendto", bytes(data), *args)
         return n
 
-    def sendmsg(self, buffers: Sequence[bytes], ancdata: Sequence[Any] = (), flags: int = 0, address: Any = None) -> int:
+    def sendmsg(
+        self, buffers: Sequence[bytes], ancdata: Sequence[Any] = (), flags: int = 0, address: Any = None
+    ) -> int:
         n: int = self._call("sendmsg", [bytes(b) for b in buffers], list(ancdata), flags, address)
         return n
 

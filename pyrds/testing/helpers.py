@@ -23,7 +23,14 @@ POLL_BITS = {
     select.POLLWRNORM: "POLLWRNORM",
     select.POLLWRBAND: "POLLWRBAND",
 }
-ALL_EVENTS = select.POLLIN | select.POLLOUT | select.POLLPRI | select.POLLRDNORM | select.POLLWRNORM | select.POLLWRBAND
+ALL_EVENTS = (
+    select.POLLIN
+    | select.POLLOUT
+    | select.POLLPRI
+    | select.POLLRDNORM
+    | select.POLLWRNORM
+    | select.POLLWRBAND
+)
 
 
 def errno_of(fn: Callable[..., Any], *args: Any) -> int | str:
@@ -80,8 +87,9 @@ def sockaddr_in(host: str, port: int) -> bytes:
 
 
 def sockaddr_in6(host: str, port: int, scope_id: int = 0) -> bytes:
-    return struct.pack("=HHI16sI", socket.AF_INET6, socket.htons(port), 0, socket.inet_pton(socket.AF_INET6, host),
-                       scope_id)
+    return struct.pack(
+        "=HHI16sI", socket.AF_INET6, socket.htons(port), 0, socket.inet_pton(socket.AF_INET6, host), scope_id
+    )
 
 
 def norm_addr(addr: Any, ports: dict[int, str] | None = None) -> Any:

@@ -5,13 +5,16 @@ Fixtures
   reason (e.g. no AF_RDS on this kernel), never a pass.
 - ``rds_socket_factory``: ``make() -> socket`` on the chosen backend; every socket is closed after the test.
 - ``rds_pair``: two sockets bound on 127.0.0.1 (loop transport), 5 s timeouts.
-- ``rds_two_nodes``: :class:`pyrds.testing.topology.TwoNodes`, node A and node B in two netns joined by a veth,
-  parametrized kernel-kernel, userspace-userspace, kernel-userspace, userspace-kernel (mixed, both directions).
+- ``rds_two_nodes``: :class:`pyrds.testing.topology.TwoNodes`, node A and node B in two netns joined by a
+veth,
+  parametrized kernel-kernel, userspace-userspace, kernel-userspace, userspace-kernel (mixed, both
+  directions).
   Each node's sockets live in an agent process inside its namespace (:mod:`pyrds.testing.agent`).
 - ``rds_observe(key, value)``: record an observable for the report's divergence check.
 - ``rds_message_count``: ``--rds-messages`` (default 2000; the kernel selftest uses 50000).
 
-Every test item gets ``user_properties`` ``rds_scenario`` / ``rds_backend`` (kernel, userspace, mixed:A-B) that
+Every test item gets ``user_properties`` ``rds_scenario`` / ``rds_backend`` (kernel, userspace,
+mixed:A-B) that
 end up in the JUnit XML; ``--rds-results FILE`` also writes them, with outcomes, as JSON for
 ``python -m pyrds.testing.report``.
 """
@@ -45,7 +48,9 @@ def _probe(name: str) -> str | None:
         import pyrds
 
         if not pyrds.kernel_available():
-            return "kernel backend: AF_RDS is not available on this kernel (rds module missing; run in the VM)"
+            return (
+                "kernel backend: AF_RDS is not available on this kernel (rds module missing; run in the VM)"
+            )
     try:
         mod = importlib.import_module(f"pyrds.{name}")
         getattr(mod, "RDSSocket")  # noqa: B009 - attribute presence is the probe
@@ -70,16 +75,25 @@ def pair_label(pair: str) -> str:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pyrds", "pyrds conformance")
-    group.addoption("--rds-messages", type=int, default=int(os.environ.get("PYRDS_MESSAGES", "2000")),
-                    help="messages per direction in the selftest scenario (default 2000; kernel selftest: 50000)")
-    group.addoption("--rds-only", default=None,
-                    help="comma list of backend labels to keep: kernel,userspace,mixed (others deselected)")
+    group.addoption(
+        "--rds-messages",
+        type=int,
+        default=int(os.environ.get("PYRDS_MESSAGES", "2000")),
+        help="messages per direction in the selftest scenario (default 2000; kernel selftest: 50000)",
+    )
+    group.addoption(
+        "--rds-only",
+        default=None,
+        help="comma list of backend labels to keep: kernel,userspace,mixed (others deselected)",
+    )
     group.addoption("--rds-results", default=None, help="write per-test outcomes and observations as JSON")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "rds_scenario(name): override the scenario name used in the report")
-    config.addinivalue_line("markers", "rds_differential: runs both backends at once (report column 'differential')")
+    config.addinivalue_line(
+        "markers", "rds_differential: runs both backends at once (report column 'differential')"
+    )
     config._pyrds_results = {}  # type: ignore[attr-defined]
 
 

@@ -1,11 +1,13 @@
 """Conformance report: scenario x backend table, totals, divergences (``python -m pyrds.testing.report``).
 
 Input: pytest JUnit XML (``--junit``, repeatable) whose test cases carry the plugin's properties
-``rds_scenario``, ``rds_backend`` and ``rds_obs.*``; and/or the plugin's ``--rds-results`` JSON (``--results``).
+``rds_scenario``, ``rds_backend`` and ``rds_obs.*``; and/or the plugin's ``--rds-results`` JSON
+(``--results``).
 Output (``--out DIR``): ``conformance-report.md``, ``conformance-report.json`` and a copy of each JUnit file
 (``conformance-junit[-N].xml``).
 
-A divergence is a scenario whose non-skipped runs on different backends differ in outcome (passed vs failed) or
+A divergence is a scenario whose non-skipped runs on different backends differ in outcome (passed vs
+failed) or
 in a recorded observation. Accepted divergences are listed, with a reason each, in ONE file
 (``tests/conformance/accepted-divergences.toml``: ``[[divergence]] scenario = "glob" backends = [...]
 reason = "..."``). Exit status: 0 when every divergence is accepted, 1 otherwise (2 on bad input).
@@ -27,8 +29,13 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = ["kernel", "userspace", "mixed:kernel-userspace", "mixed:userspace-kernel", "differential"]
-GROUPS = {"kernel": "kernel", "userspace": "userspace", "mixed:kernel-userspace": "mixed",
-          "mixed:userspace-kernel": "mixed", "differential": "differential"}
+GROUPS = {
+    "kernel": "kernel",
+    "userspace": "userspace",
+    "mixed:kernel-userspace": "mixed",
+    "mixed:userspace-kernel": "mixed",
+    "differential": "differential",
+}
 SYMBOL = {"passed": "pass", "failed": "FAIL", "skipped": "skip", "xfailed": "xfail", "error": "ERROR"}
 DEFAULT_ACCEPTED = Path("tests/conformance/accepted-divergences.toml")
 
@@ -70,7 +77,7 @@ def _junit_runs(path: Path) -> list[Run]:
                 if tag != "skipped":
                     break
         nodeid = f"{case.get('classname', '')}::{case.get('name', '')}"
-        obs = {k[len("rds_obs."):]: v for k, v in props.items() if k.startswith("rds_obs.")}
+        obs = {k[len("rds_obs.") :]: v for k, v in props.items() if k.startswith("rds_obs.")}
         runs.append(Run(props["rds_scenario"], props["rds_backend"], outcome, nodeid, detail, obs))
     return runs
 
@@ -82,9 +89,13 @@ def _json_runs(path: Path) -> list[Run]:
         props = t.get("props", {})
         if "rds_scenario" not in props:
             continue
-        obs = {k[len("rds_obs."):]: v for k, v in props.items() if k.startswith("rds_obs.")}
+        obs = {k[len("rds_obs.") :]: v for k, v in props.items() if k.startswith("rds_obs.")}
         detail = t.get("reason") or t.get("longrepr", "")
-        runs.append(Run(props["rds_scenario"], props["rds_backend"], t["outcome"], t["nodeid"], str(detail)[:500], obs))
+        runs.append(
+            Run(
+                props["rds_scenario"], props["rds_backend"], t["outcome"], t["nodeid"], str(detail)[:500], obs
+            )
+        )
     return runs
 
 
@@ -107,8 +118,11 @@ def find_divergences(runs: list[Run], accepted: list[dict[str, Any]]) -> list[Di
     for scenario, cols in sorted(by_scenario.items()):
         ran = {b: r for b, r in cols.items() if r.outcome not in ("skipped",)}
         if len(ran) >= 2 and len({r.outcome for r in ran.values()}) > 1:
-            out.append(Divergence(scenario, "outcome",
-                                  {b: f"{r.outcome}: {r.detail}".strip(": ") for b, r in ran.items()}))
+            out.append(
+                Divergence(
+                    scenario, "outcome", {b: f"{r.outcome}: {r.detail}".strip(": ") for b, r in ran.items()}
+                )
+            )
         keys = sorted({k for r in ran.values() for k in r.observations})
         for key in keys:
             seen = {b: r.observations[key] for b, r in ran.items() if key in r.observations}
@@ -151,25 +165,45 @@ def _cell(text: str) -> str:
 
 def render_md(rep: dict[str, Any]) -> str:
     lines = ["# pyrds conformance report", ""]
-    lines.append("Outcome per scenario and backend (kernel = native AF_RDS, userspace = pyrds stack, mixed = node A "
-                 "/ node B backends over RDS/TCP between two namespaces). Skipped is never counted as passed.")
-    lines += ["", "## Totals", "", "| backend | passed | failed | skipped | xfailed | total |", "|---|---|---|---|---|---|"]
+    lines.append(
+        "Outcome per scenario and backend (kernel = native AF_RDS, userspace = pyrds stack, mixed = node A "
+        "/ node B backends over RDS/TCP between two namespaces). Skipped is never counted as passed."
+    )
+    lines += [
+        "",
+        "## Totals",
+        "",
+        "| backend | passed | failed | skipped | xfailed | total |",
+        "|---|---|---|---|---|---|",
+    ]
     for g, c in rep["totals"].items():
         tot = sum(c.values())
-        lines.append(f"| {g} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('skipped', 0)} | "
-                     f"{c.get('xfailed', 0)} | {tot} |")
+        lines.append(
+            f"| {g} | {c.get('passed', 0)} | {c.get('failed', 0)} | {c.get('skipped', 0)} | "
+            f"{c.get('xfailed', 0)} | {tot} |"
+        )
     divs = rep["divergences"]
     lines += ["", f"## Divergences ({len(divs)}, unexplained: {rep['unexplained']})", ""]
     if not divs:
         lines.append("None.")
     for d in divs:
         status = f"ACCEPTED: {d['reason']}" if d["accepted"] else "**UNEXPLAINED**"
-        lines += [f"### `{d['scenario']}` ({d['kind']}) - {status}", "", "| backend | observed |", "|---|---|"]
+        lines += [
+            f"### `{d['scenario']}` ({d['kind']}) - {status}",
+            "",
+            "| backend | observed |",
+            "|---|---|",
+        ]
         for b, v in sorted(d["results"].items()):
             lines.append(f"| {b} | {_cell(v)} |")
         lines.append("")
-    lines += ["", "## Scenario x backend", "", "| scenario | " + " | ".join(COLUMNS) + " |",
-              "|---|" + "---|" * len(COLUMNS)]
+    lines += [
+        "",
+        "## Scenario x backend",
+        "",
+        "| scenario | " + " | ".join(COLUMNS) + " |",
+        "|---|" + "---|" * len(COLUMNS),
+    ]
     for name, cols in rep["scenarios"].items():
         cells = [SYMBOL.get(cols[c], cols[c]) if c in cols else "" for c in COLUMNS]
         lines.append(f"| `{_cell(name)}` | " + " | ".join(cells) + " |")
@@ -183,7 +217,9 @@ def render_md(rep: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pyrds.testing.report", description=__doc__.splitlines()[0])
-    ap.add_argument("--junit", action="append", default=[], type=Path, help="pytest --junitxml file (repeatable)")
+    ap.add_argument(
+        "--junit", action="append", default=[], type=Path, help="pytest --junitxml file (repeatable)"
+    )
     ap.add_argument("--results", action="append", default=[], type=Path, help="pytest --rds-results JSON")
     ap.add_argument("--accepted", type=Path, default=DEFAULT_ACCEPTED)
     ap.add_argument("--out", type=Path, default=Path("."))

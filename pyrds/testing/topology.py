@@ -1,11 +1,13 @@
 """Two RDS nodes in two network namespaces joined by a veth pair, each driven through an :class:`Agent`.
 
-Node A gets 10.99.<k>.1 / fd00:99:<k>::1 (the numerically smaller address: it owns the RDS/TCP connection and is
+Node A gets 10.99.<k>.1 / fd00:99:<k>::1 (the numerically smaller address: it owns the RDS/TCP connection
+and is
 the side that dials and reconnects), node B gets .2 / ::2.
 
 Mixed kernel/userspace nodes: once ``rds_tcp`` is loaded the kernel listens on 16385 in EVERY namespace, so a
 userspace node cannot listen there. Its agent (and thus the stack service it starts) gets
-``PYRDS_TCP_PORT=16386`` and its namespace gets an nftables rule ``tcp dport 16385 redirect to :16386``, so peers
+``PYRDS_TCP_PORT=16386`` and its namespace gets an nftables rule ``tcp dport 16385 redirect to :16386``,
+so peers
 (kernel or userspace) that dial the standard port reach the userspace stack. Without ``rds_tcp`` loaded (host
 runs) the userspace node listens on 16385 directly and no rule is installed.
 """
@@ -131,9 +133,14 @@ class TwoNodes:
             for ns in names:
                 netns.create_netns(ns)
                 created.append(ns)
-            netns.create_veth(names[0], names[1], ifs[0], ifs[1],
-                              addrs_a=[f"{addrs[0][0]}/24", f"{addrs[0][1]}/64"],
-                              addrs_b=[f"{addrs[1][0]}/24", f"{addrs[1][1]}/64"])
+            netns.create_veth(
+                names[0],
+                names[1],
+                ifs[0],
+                ifs[1],
+                addrs_a=[f"{addrs[0][0]}/24", f"{addrs[0][1]}/64"],
+                addrs_b=[f"{addrs[1][0]}/24", f"{addrs[1][1]}/64"],
+            )
             nodes: list[Node] = []
             for i, (ns, ifname, backend) in enumerate(zip(names, ifs, backends, strict=True)):
                 env: dict[str, str] = {}
@@ -141,8 +148,9 @@ class TwoNodes:
                 if backend == "userspace" and kernel_rds_tcp_loaded():
                     port = USERSPACE_ALT_PORT
                     env["PYRDS_TCP_PORT"] = str(port)
-                    nft = netns.popen_in_netns(ns, ["nft", "-f", "-"], stdin=subprocess.PIPE, text=True,
-                                               stderr=subprocess.PIPE)
+                    nft = netns.popen_in_netns(
+                        ns, ["nft", "-f", "-"], stdin=subprocess.PIPE, text=True, stderr=subprocess.PIPE
+                    )
                     _out, err = nft.communicate(NFT_REDIRECT.format(std=RDS_TCP_PORT, alt=port), timeout=30)
                     if nft.returncode != 0:
                         raise RuntimeError(f"nft redirect in {ns} failed: {err.strip()}")
@@ -160,7 +168,8 @@ class TwoNodes:
             raise
 
     def netem(self, spec: str) -> None:
-        """Apply ``tc qdisc ... netem <spec>`` on both veth ends (e.g. ``loss 5% corrupt 5% duplicate 5%``)."""
+        """Apply ``tc qdisc ... netem <spec>`` on both veth ends (e.g. ``loss 5% corrupt 5% duplicate
+        5%``)."""
         for n in self.nodes:
             n.sh("tc", "qdisc", "replace", "dev", n.ifname, "root", "netem", *spec.split())
 
@@ -187,7 +196,8 @@ def _wait_link_up(node: Node, timeout: float = 10.0) -> None:
 
 
 def _delete_netns(ns: str) -> None:
-    """Kill what still runs in the namespace (e.g. a userspace stack service our agent started), then delete it."""
+    """Kill what still runs in the namespace (e.g. a userspace stack service our agent started), then
+    delete it."""
     res = _run("ip", "netns", "pids", ns, check=False)
     for pid in res.stdout.split():
         with contextlib.suppress(ProcessLookupError, ValueError):

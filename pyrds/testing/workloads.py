@@ -1,8 +1,11 @@
 """Bulk workloads run next to the sockets (inside an agent, or in-process): no per-message RPC.
 
-:func:`exchange` is the kernel selftest's traffic pattern (tools/testing/selftests/net/rds/test.py): every socket
-sends ``count`` messages of pseudo-random size and content to every peer while receiving, non-blocking with poll,
-retrying on EAGAIN/ENOBUFS, and keeps a running SHA-256 per (sender, receiver) pair on both sides. Equal digests
+:func:`exchange` is the kernel selftest's traffic pattern (tools/testing/selftests/net/rds/test.py):
+every socket
+sends ``count`` messages of pseudo-random size and content to every peer while receiving, non-blocking
+with poll,
+retrying on EAGAIN/ENOBUFS, and keeps a running SHA-256 per (sender, receiver) pair on both sides. Equal
+digests
 on the two sides prove exactly-once, in-order delivery (a loss, duplicate or reordering changes the digest).
 """
 
@@ -136,12 +139,29 @@ def rdma_probe(socks: Sequence[Any], *, dest: Any, kind: str) -> int:
     iov.addr = ctypes.addressof(local)
     iov.bytes = 64
     if kind == "rdma":
-        anc = [cmsg.rdma_args(cookie=0x100000001, remote_addr=0, remote_bytes=64,
-                              local_vec_addr=ctypes.addressof(iov), nr_local=1, user_token=7)]
+        anc = [
+            cmsg.rdma_args(
+                cookie=0x100000001,
+                remote_addr=0,
+                remote_bytes=64,
+                local_vec_addr=ctypes.addressof(iov),
+                nr_local=1,
+                user_token=7,
+            )
+        ]
     else:
         addr = (ctypes.addressof(local) + 7) & ~7
-        anc = [cmsg.build(cmsg.AtomicArgs(kind=CmsgType.RDS_CMSG_ATOMIC_FADD, cookie=0x100000001,
-                                          local_addr=addr, remote_addr=0, add=1))]
+        anc = [
+            cmsg.build(
+                cmsg.AtomicArgs(
+                    kind=CmsgType.RDS_CMSG_ATOMIC_FADD,
+                    cookie=0x100000001,
+                    local_addr=addr,
+                    remote_addr=0,
+                    add=1,
+                )
+            )
+        ]
     try:
         sock.sendmsg([b"rdma"], anc, 0, dest)
     except OSError as exc:

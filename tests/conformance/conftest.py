@@ -1,4 +1,5 @@
-"""Load the pyrds pytest plugin when it is not installed as an entry point (e.g. the VM guest runs the checkout
+"""Load the pyrds pytest plugin when it is not installed as an entry point (e.g. the VM guest runs the
+checkout
 through PYTHONPATH without installing it). Installed (pip install -e .), pytest11 already loaded it."""
 
 from __future__ import annotations

@@ -84,7 +84,8 @@ def test_same_port_different_address_family(rds_socket_factory):
 
 
 def test_connect_rules(rds_socket_factory):
-    """connect() only records the default destination (no handshake); ANY -> EDESTADDRREQ; bcast/mcast -> EINVAL."""
+    """connect() only records the default destination (no handshake); ANY -> EDESTADDRREQ; bcast/mcast ->
+    EINVAL."""
     s = rds_socket_factory()
     expect_errno(errno.ENOTCONN, s.getpeername)
     expect_errno(errno.EDESTADDRREQ, s.connect, ("0.0.0.0", 4000))
@@ -122,8 +123,11 @@ def test_send_family_mismatch(rds_socket_factory):
     expect_errno(errno.EOPNOTSUPP, b.sendto, b"x", (V4, a.getsockname()[1]))
 
 
-@pytest.mark.parametrize("dest", [("0.0.0.0", 4000), ("255.255.255.255", 4000), ("224.0.0.1", 4000)],
-                         ids=["any", "broadcast", "multicast"])
+@pytest.mark.parametrize(
+    "dest",
+    [("0.0.0.0", 4000), ("255.255.255.255", 4000), ("224.0.0.1", 4000)],
+    ids=["any", "broadcast", "multicast"],
+)
 def test_sendto_bad_destination(rds_pair, dest):
     a, _b = rds_pair
     expect_errno(errno.EINVAL, a.sendto, b"x", dest)

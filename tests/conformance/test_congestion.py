@@ -27,7 +27,9 @@ def _fill(sender, dest, limit=1000):
 
 def _small_receiver(rds_socket_factory):
     r = rds_socket_factory()
-    r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # sk_rcvbuf 8192: congested past 4096 queued bytes
+    r.setsockopt(
+        socket.SOL_SOCKET, socket.SO_RCVBUF, 4096
+    )  # sk_rcvbuf 8192: congested past 4096 queued bytes
     r.bind(("127.0.0.1", 0))
     s = rds_socket_factory()
     s.bind(("127.0.0.1", 0))
@@ -100,7 +102,8 @@ def test_cong_monitor_notification(rds_socket_factory, rds_observe):
 
 
 def test_cong_monitor_not_readable(rds_socket_factory):
-    """rds_getsockopt handles only RDS_INFO_*, RDS_RECVERR and SO_RDS_TRANSPORT: CONG_MONITOR is ENOPROTOOPT."""
+    """rds_getsockopt handles only RDS_INFO_*, RDS_RECVERR and SO_RDS_TRANSPORT: CONG_MONITOR is
+    ENOPROTOOPT."""
     s = rds_socket_factory()
     s.setsockopt(SOL_RDS, SockOpt.RDS_CONG_MONITOR, 1)
     expect_errno(errno.ENOPROTOOPT, s.getsockopt, SOL_RDS, SockOpt.RDS_CONG_MONITOR)
@@ -120,7 +123,8 @@ def test_notification_needs_ancillary_space(rds_socket_factory):
 
 
 def test_poll_after_congestion_without_monitor(rds_socket_factory, rds_observe):
-    """Without a monitor, a congestion map change makes the sender POLLIN ("historical reasons", rds_poll) although
+    """Without a monitor, a congestion map change makes the sender POLLIN ("historical reasons",
+    rds_poll) although
     there is nothing to read: recv gives EAGAIN."""
     r, s = _small_receiver(rds_socket_factory)
     poll_mask(s)  # consume any earlier generation change

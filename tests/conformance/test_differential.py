@@ -1,10 +1,13 @@
 """Differential testing: random sequences of socket calls on BOTH backends at once, every observable compared.
 
 A hypothesis RuleBasedStateMachine keeps N socket slots; each slot is a (kernel socket, userspace socket) pair
-living in this process on 127.0.0.1/::1 (the loop transport). Every rule performs the same call on both sides and
-compares: return values, errno, data, source addresses (autobound ports replaced by the owning slot's name, since
+living in this process on 127.0.0.1/::1 (the loop transport). Every rule performs the same call on both
+sides and
+compares: return values, errno, data, source addresses (autobound ports replaced by the owning slot's
+name, since
 each backend picks its own random port), msg_flags, ancillary data types, and settled poll masks. Sockets are
-non-blocking so no call can hang. Skips when one backend is unavailable here (the kernel backend needs the VM).
+non-blocking so no call can hang. Skips when one backend is unavailable here (the kernel backend needs
+the VM).
 Set PYRDS_DIFF_EXAMPLES to run more examples (default 40).
 """
 
@@ -32,7 +35,11 @@ SLOTS = 4
 FIXED_BASE = 20000 + (os.getpid() * 7) % 20000  # fixed ports for this run, both backends use the same ones
 HOSTS = ["127.0.0.1", "::1", "0.0.0.0", "192.0.2.1", "224.0.0.1"]
 FLAGS_SEND = [0, socket.MSG_DONTWAIT, socket.MSG_OOB, socket.MSG_NOSIGNAL, socket.MSG_MORE]
-FLAGS_RECV = [socket.MSG_DONTWAIT, socket.MSG_DONTWAIT | socket.MSG_PEEK, socket.MSG_DONTWAIT | socket.MSG_TRUNC]
+FLAGS_RECV = [
+    socket.MSG_DONTWAIT,
+    socket.MSG_DONTWAIT | socket.MSG_PEEK,
+    socket.MSG_DONTWAIT | socket.MSG_TRUNC,
+]
 POLL_EVENTS = select.POLLIN | select.POLLOUT | select.POLLERR | select.POLLHUP
 
 
@@ -90,7 +97,12 @@ class Side:
             name = self.socks[slot].getsockname()
         except OSError:
             return
-        if isinstance(name, tuple) and len(name) >= 2 and name[1] and not FIXED_BASE <= name[1] < FIXED_BASE + 600:
+        if (
+            isinstance(name, tuple)
+            and len(name) >= 2
+            and name[1]
+            and not FIXED_BASE <= name[1] < FIXED_BASE + 600
+        ):
             self.ports[name[1]] = f"slot{slot}"
 
     def close_all(self) -> None:
@@ -135,7 +147,11 @@ class Differential(RuleBasedStateMachine):
     def _has(self, slot: int) -> bool:
         return slot in self.sides[0].socks
 
-    @rule(slot=st.integers(0, SLOTS - 1), host=st.sampled_from(HOSTS), port=st.sampled_from(["auto", "fixed", "1"]))
+    @rule(
+        slot=st.integers(0, SLOTS - 1),
+        host=st.sampled_from(HOSTS),
+        port=st.sampled_from(["auto", "fixed", "1"]),
+    )
     def bind(self, slot: int, host: str, port: str) -> None:
         if not self._has(slot):
             return
@@ -149,24 +165,39 @@ class Differential(RuleBasedStateMachine):
     def connect(self, slot: int, dst: int, host: str) -> None:
         if not self._has(slot):
             return
-        self.both(f"connect {slot}->{dst}@{host}",
-                  lambda side: _outcome(side.socks[slot].connect, side.addr_of(dst, host)))
+        self.both(
+            f"connect {slot}->{dst}@{host}",
+            lambda side: _outcome(side.socks[slot].connect, side.addr_of(dst, host)),
+        )
 
-    @rule(slot=st.integers(0, SLOTS - 1), dst=st.integers(0, SLOTS - 1), host=st.sampled_from(HOSTS),
-          size=st.sampled_from([0, 1, 100, 5000, 70000]), flags=st.sampled_from(FLAGS_SEND),
-          use_default=st.booleans())
+    @rule(
+        slot=st.integers(0, SLOTS - 1),
+        dst=st.integers(0, SLOTS - 1),
+        host=st.sampled_from(HOSTS),
+        size=st.sampled_from([0, 1, 100, 5000, 70000]),
+        flags=st.sampled_from(FLAGS_SEND),
+        use_default=st.booleans(),
+    )
     def send(self, slot: int, dst: int, host: str, size: int, flags: int, use_default: bool) -> None:
         if not self._has(slot):
             return
         data = bytes([slot * 16 + dst]) * size
         if use_default:
-            self.both(f"send {slot} {size}B flags={flags:#x}", lambda side: _outcome(side.socks[slot].send, data, flags))
+            self.both(
+                f"send {slot} {size}B flags={flags:#x}",
+                lambda side: _outcome(side.socks[slot].send, data, flags),
+            )
         else:
-            self.both(f"sendto {slot}->{dst}@{host} {size}B flags={flags:#x}",
-                      lambda side: _outcome(side.socks[slot].sendto, data, flags, side.addr_of(dst, host)))
+            self.both(
+                f"sendto {slot}->{dst}@{host} {size}B flags={flags:#x}",
+                lambda side: _outcome(side.socks[slot].sendto, data, flags, side.addr_of(dst, host)),
+            )
 
-    @rule(slot=st.integers(0, SLOTS - 1), bufsize=st.sampled_from([0, 10, 100, 100000]),
-          flags=st.sampled_from(FLAGS_RECV))
+    @rule(
+        slot=st.integers(0, SLOTS - 1),
+        bufsize=st.sampled_from([0, 10, 100, 100000]),
+        flags=st.sampled_from(FLAGS_RECV),
+    )
     def recv(self, slot: int, bufsize: int, flags: int) -> None:
         if not self._has(slot):
             return
@@ -180,9 +211,11 @@ class Differential(RuleBasedStateMachine):
 
         self.both(f"recvmsg {slot} {bufsize} flags={flags:#x}", call)
 
-    @rule(slot=st.integers(0, SLOTS - 1), opt=st.sampled_from(["transport", "transport-bad", "cong", "sndbuf",
-                                                                  "rcvbuf", "unknown"]),
-          value=st.sampled_from([0, 1, 2, 3, 4096]))
+    @rule(
+        slot=st.integers(0, SLOTS - 1),
+        opt=st.sampled_from(["transport", "transport-bad", "cong", "sndbuf", "rcvbuf", "unknown"]),
+        value=st.sampled_from([0, 1, 2, 3, 4096]),
+    )
     def setsockopt(self, slot: int, opt: str, value: int) -> None:
         if not self._has(slot):
             return
@@ -194,9 +227,13 @@ class Differential(RuleBasedStateMachine):
             "rcvbuf": (socket.SOL_SOCKET, socket.SO_RCVBUF, max(value, 1) * 4),
             "unknown": (SOL_RDS, 99, value),
         }[opt]
-        self.both(f"setsockopt {slot} {opt}={val}", lambda side: _outcome(side.socks[slot].setsockopt, level, int(name), val))
-        self.both(f"getsockopt {slot} {opt}",
-                  lambda side: _outcome(side.socks[slot].getsockopt, level, int(name)))
+        self.both(
+            f"setsockopt {slot} {opt}={val}",
+            lambda side: _outcome(side.socks[slot].setsockopt, level, int(name), val),
+        )
+        self.both(
+            f"getsockopt {slot} {opt}", lambda side: _outcome(side.socks[slot].getsockopt, level, int(name))
+        )
 
     @rule(slot=st.integers(0, SLOTS - 1), dst=st.integers(0, SLOTS - 1), short=st.booleans())
     def cancel(self, slot: int, dst: int, short: bool) -> None:
@@ -206,8 +243,12 @@ class Differential(RuleBasedStateMachine):
         def call(side: Side) -> Any:
             addr = side.addr_of(dst, "127.0.0.1")
             raw = sockaddr_in(addr[0], addr[1])
-            return _outcome(side.socks[slot].setsockopt, SOL_RDS, int(SockOpt.RDS_CANCEL_SENT_TO),
-                            raw[:8] if short else raw)
+            return _outcome(
+                side.socks[slot].setsockopt,
+                SOL_RDS,
+                int(SockOpt.RDS_CANCEL_SENT_TO),
+                raw[:8] if short else raw,
+            )
 
         self.both(f"cancel {slot}->{dst} short={short}", call)
 
@@ -223,9 +264,9 @@ class Differential(RuleBasedStateMachine):
     @invariant()
     def names_and_masks_agree(self) -> None:
         for slot in sorted(self.sides[0].socks):
-            self.both(f"getsockname {slot}", lambda side: _outcome(side.socks[slot].getsockname))
-            self.both(f"getpeername {slot}", lambda side: _outcome(side.socks[slot].getpeername))
-            self.both(f"poll {slot}", lambda side: _settled_poll(side.socks[slot]))
+            self.both(f"getsockname {slot}", lambda side, s=slot: _outcome(side.socks[s].getsockname))
+            self.both(f"getpeername {slot}", lambda side, s=slot: _outcome(side.socks[s].getpeername))
+            self.both(f"poll {slot}", lambda side, s=slot: _settled_poll(side.socks[s]))
 
 
 Differential.TestCase.settings = settings(

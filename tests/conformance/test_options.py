@@ -63,7 +63,8 @@ def test_transport_bad_optlen_einval(rds_socket_factory):
 
 
 def test_transport_ib_cannot_bind_loopback(rds_socket_factory, rds_observe):
-    """IB: ENOPROTOOPT at setsockopt (no rds_rdma) or at bind (rds_rdma loaded, 127.0.0.1 has no RDMA device)."""
+    """IB: ENOPROTOOPT at setsockopt (no rds_rdma) or at bind (rds_rdma loaded, 127.0.0.1 has no RDMA
+    device)."""
     s = rds_socket_factory()
     try:
         s.setsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT, Transport.IB)
@@ -86,7 +87,9 @@ def test_unknown_sol_rds_option(rds_socket_factory):
 
 def test_cancel_unbound_enotconn(rds_socket_factory):
     s = rds_socket_factory()
-    expect_errno(errno.ENOTCONN, s.setsockopt, SOL_RDS, SockOpt.RDS_CANCEL_SENT_TO, sockaddr_in("127.0.0.1", 9))
+    expect_errno(
+        errno.ENOTCONN, s.setsockopt, SOL_RDS, SockOpt.RDS_CANCEL_SENT_TO, sockaddr_in("127.0.0.1", 9)
+    )
 
 
 def test_cancel_short_optlen_einval(rds_pair):
@@ -141,8 +144,16 @@ def _pinned_buffers():
 def test_rdma_args_on_loop_eopnotsupp(rds_pair):
     a, b = rds_pair
     local, iov = _pinned_buffers()
-    anc = [cmsg.rdma_args(cookie=0x100000001, remote_addr=0, remote_bytes=64,
-                          local_vec_addr=ctypes.addressof(iov), nr_local=1, user_token=7)]
+    anc = [
+        cmsg.rdma_args(
+            cookie=0x100000001,
+            remote_addr=0,
+            remote_bytes=64,
+            local_vec_addr=ctypes.addressof(iov),
+            nr_local=1,
+            user_token=7,
+        )
+    ]
     expect_errno(errno.EOPNOTSUPP, a.sendmsg, [b"rdma"], anc, 0, b.getsockname())
     del local
 
@@ -151,8 +162,13 @@ def test_atomic_on_loop_eopnotsupp(rds_pair):
     a, b = rds_pair
     local = ctypes.create_string_buffer(64)
     addr = (ctypes.addressof(local) + 7) & ~7
-    anc = [cmsg.build(cmsg.AtomicArgs(kind=CmsgType.RDS_CMSG_ATOMIC_FADD, cookie=0x100000001, local_addr=addr,
-                                      remote_addr=0, add=1))]
+    anc = [
+        cmsg.build(
+            cmsg.AtomicArgs(
+                kind=CmsgType.RDS_CMSG_ATOMIC_FADD, cookie=0x100000001, local_addr=addr, remote_addr=0, add=1
+            )
+        )
+    ]
     expect_errno(errno.EOPNOTSUPP, a.sendmsg, [b""], anc, 0, b.getsockname())
 
 

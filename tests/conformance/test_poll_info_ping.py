@@ -69,8 +69,17 @@ def test_poll_after_close_is_nval(rds_socket_factory):
 def test_info_counters(rds_socket_factory, rds_observe):
     s = rds_socket_factory()
     counters = counters_dict(s.get_info(InfoType.RDS_INFO_COUNTERS))
-    for name in ("conn_reset", "recv_delivered", "recv_queued", "send_queued", "recv_ping", "send_pong",
-                 "cong_update_queued", "cong_update_received", "cong_send_error"):
+    for name in (
+        "conn_reset",
+        "recv_delivered",
+        "recv_queued",
+        "send_queued",
+        "recv_ping",
+        "send_pong",
+        "cong_update_queued",
+        "cong_update_received",
+        "cong_send_error",
+    ):
         assert name in counters, name
     assert all(v >= 0 for v in counters.values())
     rds_observe("core_counter_names", sorted(n for n in counters if not n.startswith(("tcp_", "ib_", "iw_"))))
@@ -103,7 +112,9 @@ def test_info6_sockets(rds_socket_factory):
     s = rds_socket_factory()
     s.bind(("::1", 0))
     recs = s.get_info(InfoType.RDS6_INFO_SOCKETS)
-    assert any(r.bound_addr == ipaddress.ip_address("::1") and r.bound_port == s.getsockname()[1] for r in recs)
+    assert any(
+        r.bound_addr == ipaddress.ip_address("::1") and r.bound_port == s.getsockname()[1] for r in recs
+    )
 
 
 def test_info_connections_loop(rds_pair):
@@ -134,8 +145,12 @@ def test_info_recv_queue(rds_pair):
 
 def test_info_send_and_retrans_queues_readable(rds_pair):
     a, _b = rds_pair
-    for t in (InfoType.RDS_INFO_SEND_MESSAGES, InfoType.RDS_INFO_RETRANS_MESSAGES,
-              InfoType.RDS6_INFO_SEND_MESSAGES, InfoType.RDS6_INFO_CONNECTIONS):
+    for t in (
+        InfoType.RDS_INFO_SEND_MESSAGES,
+        InfoType.RDS_INFO_RETRANS_MESSAGES,
+        InfoType.RDS6_INFO_SEND_MESSAGES,
+        InfoType.RDS6_INFO_CONNECTIONS,
+    ):
         assert isinstance(a.get_info(t), list | tuple)
 
 

@@ -1,7 +1,9 @@
-"""The kernel RDS selftest scenario (tools/testing/selftests/net/rds/test.py, 6.11+), on every backend pairing.
+"""The kernel RDS selftest scenario (tools/testing/selftests/net/rds/test.py, 6.11+), on every backend
+pairing.
 
 Two namespaces joined by a veth with tc netem loss/corruption/duplication on both ends; both nodes send
-``--rds-messages`` messages (default 2000, the selftest uses 50000) to each other at the same time while the TCP
+``--rds-messages`` messages (default 2000, the selftest uses 50000) to each other at the same time while
+the TCP
 connections are force-reset a few times mid-run; a running SHA-256 per (sender, receiver) pair on both sides
 proves exactly-once, in-order delivery. Finally every RDS_INFO table is read.
 """
@@ -34,10 +36,12 @@ def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, im
         nodes.netem(NETEM)
     count = rds_message_count
     timeout = 120 + count * 0.05
-    ja = na.agent.job("pyrds.testing.workloads:exchange", [a], peers=[b.getsockname()], count=count, seed=7,
-                      timeout=timeout)
-    jb = nb.agent.job("pyrds.testing.workloads:exchange", [b], peers=[a.getsockname()], count=count, seed=7,
-                      timeout=timeout)
+    ja = na.agent.job(
+        "pyrds.testing.workloads:exchange", [a], peers=[b.getsockname()], count=count, seed=7, timeout=timeout
+    )
+    jb = nb.agent.job(
+        "pyrds.testing.workloads:exchange", [b], peers=[a.getsockname()], count=count, seed=7, timeout=timeout
+    )
     resets = 0
     for _ in range(3):
         time.sleep(0.5)
@@ -54,8 +58,11 @@ def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, im
     assert counters["conn_reset"] >= 1
     # like the selftest: every info table can be read after the run
     for t in InfoType:
-        if t in (InfoType.RDS_INFO_IB_CONNECTIONS, InfoType.RDS6_INFO_IB_CONNECTIONS,
-                 InfoType.RDS_INFO_IWARP_CONNECTIONS):
+        if t in (
+            InfoType.RDS_INFO_IB_CONNECTIONS,
+            InfoType.RDS6_INFO_IB_CONNECTIONS,
+            InfoType.RDS_INFO_IWARP_CONNECTIONS,
+        ):
             continue
         assert isinstance(a.get_info(t), list)
     rds_observe("delivered", (count, count))

@@ -1,4 +1,5 @@
-"""send/recv semantics on the loop transport: flags, truncation, peek, ordering, zero-length, buffer limits."""
+"""send/recv semantics on the loop transport: flags, truncation, peek, ordering, zero-length, buffer
+limits."""
 
 from __future__ import annotations
 
@@ -88,11 +89,13 @@ def test_nonblocking_socket_eagain(rds_pair):
 
 
 @pytest.mark.parametrize(
-    "flag", [socket.MSG_OOB, socket.MSG_NOSIGNAL, socket.MSG_MORE, socket.MSG_CONFIRM, socket.MSG_EOR],
+    "flag",
+    [socket.MSG_OOB, socket.MSG_NOSIGNAL, socket.MSG_MORE, socket.MSG_CONFIRM, socket.MSG_EOR],
     ids=["OOB", "NOSIGNAL", "MORE", "CONFIRM", "EOR"],
 )
 def test_send_bad_flags_eopnotsupp(rds_pair, flag):
-    """Only MSG_DONTWAIT (and MSG_ZEROCOPY/MSG_CMSG_COMPAT) are accepted by rds_sendmsg; the rest EOPNOTSUPP."""
+    """Only MSG_DONTWAIT (and MSG_ZEROCOPY/MSG_CMSG_COMPAT) are accepted by rds_sendmsg; the rest
+    EOPNOTSUPP."""
     a, b = rds_pair
     expect_errno(errno.EOPNOTSUPP, a.sendto, b"x", flag, b.getsockname())
 

@@ -78,7 +78,9 @@ def test_tcp_connection_info(rds_two_nodes):
 
 def _tcp_paths(sock, laddr, faddr):
     la, fa = ipaddress.ip_address(laddr), ipaddress.ip_address(faddr)
-    return [r for r in sock.get_info(InfoType.RDS_INFO_TCP_SOCKETS) if r.local_addr == la and r.peer_addr == fa]
+    return [
+        r for r in sock.get_info(InfoType.RDS_INFO_TCP_SOCKETS) if r.local_addr == la and r.peer_addr == fa
+    ]
 
 
 def test_multipath_npaths(rds_two_nodes, rds_observe):
@@ -87,7 +89,9 @@ def test_multipath_npaths(rds_two_nodes, rds_observe):
     a.sendto(b"hs", b.getsockname())
     b.recv(10)
     na, nb = rds_two_nodes.a, rds_two_nodes.b
-    assert wait_for(lambda: len(_tcp_paths(a, na.addr4, nb.addr4)) == 8, 10), _tcp_paths(a, na.addr4, nb.addr4)
+    assert wait_for(lambda: len(_tcp_paths(a, na.addr4, nb.addr4)) == 8, 10), _tcp_paths(
+        a, na.addr4, nb.addr4
+    )
     paths = _tcp_paths(a, na.addr4, nb.addr4)
     assert {p.peer_port for p in paths} == {16385}
     rds_observe("npaths", len(paths))
@@ -131,7 +135,8 @@ def test_congestion_over_tcp(rds_two_nodes, rds_observe):
 
 
 def test_reconnect_retransmit(rds_two_nodes):
-    """Messages queued while the TCP connections are reset are retransmitted and delivered exactly once, in order."""
+    """Messages queued while the TCP connections are reset are retransmitted and delivered exactly once,
+    in order."""
     na, nb = rds_two_nodes.a, rds_two_nodes.b
     a, b = _pair(rds_two_nodes)
     a.sendto(b"warmup", b.getsockname())
@@ -155,7 +160,8 @@ def test_reconnect_retransmit(rds_two_nodes):
 
 
 def test_zerocopy_cookie_completion(rds_two_nodes, rds_observe):
-    """MSG_ZEROCOPY + RDS_CMSG_ZCOPY_COOKIE on TCP: data arrives, the sender gets RDS_CMSG_ZCOPY_COMPLETION."""
+    """MSG_ZEROCOPY + RDS_CMSG_ZCOPY_COOKIE on TCP: data arrives, the sender gets
+    RDS_CMSG_ZCOPY_COMPLETION."""
     a, b = _pair(rds_two_nodes)
     a.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 1)
     assert a.sendmsg([b"z" * 5000], [cmsg.zcopy_cookie(42)], MSG_ZEROCOPY, b.getsockname()) == 5000
@@ -189,7 +195,8 @@ def test_rdma_and_atomic_on_tcp_eopnotsupp(rds_two_nodes, rds_observe):
 
 
 def test_cancel_sent_to_keeps_order(rds_two_nodes):
-    """RDS_CANCEL_SENT_TO drops what is still queued to that destination; what arrives is an in-order prefix."""
+    """RDS_CANCEL_SENT_TO drops what is still queued to that destination; what arrives is an in-order
+    prefix."""
     a, b = _pair(rds_two_nodes)
     host, port = b.getsockname()
     for i in range(50):
