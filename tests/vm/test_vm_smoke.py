@@ -1,0 +1,89 @@
+"""Boot real bookworm 6.1 guests through the harness (slow: ~30-60 s per boot under TCG).
+
+Runs only when asked: ``PYRDS_RUN_VM_TESTS=1 python -m pytest tests/vm -v`` (on the host, never in a guest).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("PYRDS_RUN_VM_TESTS") != "1", reason="set PYRDS_RUN_VM_TESTS=1 to boot VMs"
+    ),
+    pytest.mark.skipif(os.environ.get("PYRDS_IN_GUEST") == "1", reason="host-side test (boots guests)"),
+]
+
+CHECK = textwrap.dedent(
+    """
+    import os, socket, sys
+    s = socket.socket(21, socket.SOCK_SEQPACKET)
+    s.bind(("127.0.0.1", 0))
+    print("GUEST-AF_RDS-OK", s.getsockname(), "in_guest=" + os.environ.get("PYRDS_IN_GUEST", "?"))
+    import pyverbs, pyrds
+    print("GUEST-IMPORTS-OK", pyverbs.__file__, pyrds.__file__)
+    sys.exit(7)
+    """
+)
+
+
+def _vm(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vm", "run", "--timeout", str(timeout - 60), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_af_rds_socket_in_guest_and_exit_status() -> None:
+    res = _vm("--", "python3", "-c", CHECK)
+    assert "GUEST-AF_RDS-OK" in res.stdout, res.stdout + res.stderr
+    assert "in_guest=1" in res.stdout
+    assert "GUEST-IMPORTS-OK" in res.stdout, res.stderr
+    assert res.returncode == 7, res.stderr  # CMD's status comes back to the host
+    assert "boot to CMD" in res.stderr
+
+
+def test_junit_is_copied_back(tmp_path: Path) -> None:
+    test_file = tmp_path / "test_in_guest.py"
+    test_file.write_text("import socket\n\ndef test_rds():\n    socket.socket(21, 5).close()\n")
+    junit = tmp_path / "out" / "junit.xml"
+    res = _vm(
+        "--junit", str(junit), "--", "python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    xml = junit.read_text()
+    assert 'tests="1"' in xml and 'failures="0"' in xml
+
+
+def test_two_guests_rds_echo() -> None:
+    res = _vm(
+        "--topology",
+        "two-guests",
+        "--peer-cmd",
+        "python3 -m vm.rds_echo serve --transport ib",
+        "--",
+        "python3",
+        "-m",
+        "vm.rds_echo",
+        "client",
+        "--transport",
+        "ib",
+        "--count",
+        "50",
+        timeout=1200,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "round trips over ib" in res.stdout
