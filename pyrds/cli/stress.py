@@ -76,6 +76,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=None,
         help="SO_SNDBUF/SO_RCVBUF bytes (default max(4M, 8*size*depth); 0 keeps the system default)",
     )
+    p.add_argument(
+        "-W",
+        "--timeout",
+        type=positive_float,
+        default=REPLY_TIMEOUT,
+        help=f"seconds to wait for the passive side / a reply ({REPLY_TIMEOUT:g})",
+    )
     p.add_argument("--passive", action="store_true", help="act as the passive (server) side")
     p.add_argument("--once", action="store_true", help="passive: exit after the first run finishes")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
@@ -183,7 +190,7 @@ class Task(threading.Thread):
             size_buffers(sock, sockbuf_bytes(self.args))
         sock.setblocking(False)
         hello = control("hello", mode=self.args.mode, ack=self.args.ack_size, size=self.args.size)
-        end = time.monotonic() + REPLY_TIMEOUT
+        end = time.monotonic() + self.args.timeout
         while time.monotonic() < end:
             # resend the hello every second: a message to a port nobody has bound yet is dropped
             try:
@@ -200,7 +207,7 @@ class Task(threading.Thread):
                 return
         raise UserError(
             f"no stress server answered at {self.dest[0]}:{self.dest[1]} within "
-            f"{REPLY_TIMEOUT:g} s (start one with: pyrds stress --passive -s {self.dest[0]} "
+            f"{self.args.timeout:g} s (start one with: pyrds stress --passive -s {self.dest[0]} "
             f"-p {self.dest[1]})",
             1,
         )
@@ -245,9 +252,9 @@ class Task(threading.Thread):
             self._take_reply(sock, sent_at)
 
     def _take_reply(self, sock: RDSSocketBase, sent_at: deque[float]) -> None:
-        got = recv_wait(sock, REPLY_TIMEOUT)
+        got = recv_wait(sock, self.args.timeout)
         if got is None:
-            raise StressError(f"no reply from {self.dest[0]}:{self.dest[1]} for {REPLY_TIMEOUT:g} s")
+            raise StressError(f"no reply from {self.dest[0]}:{self.dest[1]} for {self.args.timeout:g} s")
         if got[0].startswith(b"\xfe"):
             return
         rtt = (time.monotonic() - sent_at.popleft()) * 1e6
