@@ -34,11 +34,22 @@ def _connect_control(addr: bytes) -> socket.socket:
 
 
 def _spawn_service() -> None:
-    subprocess.Popen(
-        [sys.executable, "-m", "pyrds.userspace.service"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
-        start_new_session=True, close_fds=True,
-    )
+    """Start the namespace's service detached; it logs to $PYRDS_STACK_LOG (default: nowhere) so that it never
+    holds the starting process's stdout/stderr pipes open."""
+    log_path = os.environ.get("PYRDS_STACK_LOG")
+    err = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        subprocess.Popen(
+            [sys.executable, "-m", "pyrds.userspace.service"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        if not isinstance(err, int):
+            err.close()
 
 
 def connect_stack(autostart: bool = True) -> socket.socket:
@@ -183,7 +194,9 @@ class RDSSocket(RDSSocketBase):
         deadline = self._deadline()
         while True:
             try:
-                data, anc, mflags, src = self._call(rpc.Op.RECV, (int(bufsize), int(ancbufsize), int(flags), nonblock))
+                data, anc, mflags, src = self._call(
+                    rpc.Op.RECV, (int(bufsize), int(ancbufsize), int(flags), nonblock)
+                )
                 break
             except OSError as exc:
                 if nonblock or exc.errno != errno.EAGAIN:

@@ -1,4 +1,4 @@
-"""Control messages of the userspace stack: sendmsg cmsg validation (send.c) and recvmsg cmsg output (recv.c)."""
+"""Control messages: sendmsg cmsg validation (send.c) and recvmsg cmsg output (recv.c)."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ class CongestionTable:
         self.on_local_change(normalize(addr))
 
     def replace_remote(self, addr: IPAddress, new: CongestionMap) -> int:
-        """A peer's bitmap arrived: replace our copy; returns the uncongested-port mask (rds_tcp_cong_recv)."""
+        """A peer's bitmap arrived: replace our copy; returns the uncongested-port mask."""
         old = self.map_for(addr)
         mask = 0
         for port in CongestionMap.changed_ports(old, new):

@@ -42,10 +42,12 @@ class TcpConn:
         self.mgr = mgr
         self.laddr, self.faddr = laddr, faddr
         cfg = mgr.stack.config.sysctl
-        self.engine = PathEngine(laddr, faddr, 0, local_map=mgr.stack.cong.map_for(laddr),
-                                 ping_enable=bool(cfg["ping_enable"]))
-        self.backoff = ReconnectBackoff(max(1, cfg["reconnect_min_delay_ms"]),
-                                        max(1, cfg["reconnect_max_delay_ms"]))
+        self.engine = PathEngine(
+            laddr, faddr, 0, local_map=mgr.stack.cong.map_for(laddr), ping_enable=bool(cfg["ping_enable"])
+        )
+        self.backoff = ReconnectBackoff(
+            max(1, cfg["reconnect_min_delay_ms"]), max(1, cfg["reconnect_max_delay_ms"])
+        )
         self.sock: socket.socket | None = None
         self.outbuf = b""
         self.pending: dict[int, Outgoing] = {}
@@ -230,8 +232,18 @@ class TcpConn:
         if isinstance(ev, MessageReceived):
             h = ev.header
             now = time.monotonic_ns()
-            st.deliver(Incoming(self.faddr, self.laddr, h.sport, h.dport, ev.payload, h.sequence, 0,
-                                lat=(now, now, now, 0)))
+            st.deliver(
+                Incoming(
+                    self.faddr,
+                    self.laddr,
+                    h.sport,
+                    h.dport,
+                    ev.payload,
+                    h.sequence,
+                    0,
+                    lat=(now, now, now, 0),
+                )
+            )
         elif isinstance(ev, CongMapReceived):
             mask = st.cong.replace_remote(self.faddr, ev.map)
             st.cong.map_updated(mask, st.wake)
@@ -330,23 +342,24 @@ class ConnManager:
 
     # -- info
     def info_connections(self) -> list[tuple[int, int, IPAddress, IPAddress, str, int, int]]:
-        rows = []
+        rows: list[tuple[int, int, IPAddress, IPAddress, str, int, int]] = []
         for c in self.conns.values():
             st = c.engine.state
             flags = (InfoConnectionFlag.CONNECTED if st == PathState.UP else 0) | (
-                InfoConnectionFlag.CONNECTING if st == PathState.CONNECTING else 0)
+                InfoConnectionFlag.CONNECTING if st == PathState.CONNECTING else 0
+            )
             rows.append((c.engine.next_tx_seq, c.engine.next_rx_seq, c.laddr, c.faddr, "tcp", int(flags), 0))
         return rows
 
     def info_messages(self, kind: str) -> list[tuple[int, int, IPAddress, IPAddress, int, int, int]]:
-        rows = []
+        rows: list[tuple[int, int, IPAddress, IPAddress, int, int, int]] = []
         for c in self.conns.values():
             src = c.engine.unsent + c.engine.unacked if kind == "send" else c.engine.unacked
             rows.extend((m.seq, m.length, c.laddr, c.faddr, m.sport, m.dport, 0) for m in src)
         return rows
 
     def info_tcp_sockets(self) -> list[tuple[Any, ...]]:
-        rows = []
+        rows: list[tuple[Any, ...]] = []
         for c in self.conns.values():
             if c.sock is None:
                 continue
@@ -356,6 +369,17 @@ class ConnManager:
             except OSError:
                 continue
             f = c.engine.framer
-            rows.append((normalize(ipaddress.ip_address(la)), lp, normalize(ipaddress.ip_address(pa)), pp,
-                         f.hdr_rem, f.data_rem, c.engine.tx_bytes & 0xFFFFFFFF, 0, 0))
+            rows.append(
+                (
+                    normalize(ipaddress.ip_address(la)),
+                    lp,
+                    normalize(ipaddress.ip_address(pa)),
+                    pp,
+                    f.hdr_rem,
+                    f.data_rem,
+                    c.engine.tx_bytes & 0xFFFFFFFF,
+                    0,
+                    0,
+                )
+            )
         return rows

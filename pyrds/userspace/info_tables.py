@@ -8,16 +8,24 @@ from typing import Any
 
 from pyrds import info
 from pyrds.addr import IPAddress
-from pyrds.constants import InfoConnectionFlag, InfoType
+from pyrds.constants import InfoConnectionFlag, InfoMessageFlag, InfoType
 from pyrds.userspace.stack import Stack, StackError
 
 _ANY4 = ipaddress.IPv4Address(0)
 _ANY6 = ipaddress.IPv6Address(0)
 _SUPPORTED = {
-    InfoType.RDS_INFO_COUNTERS, InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS_INFO_SEND_MESSAGES,
-    InfoType.RDS_INFO_RETRANS_MESSAGES, InfoType.RDS_INFO_RECV_MESSAGES, InfoType.RDS_INFO_SOCKETS,
-    InfoType.RDS_INFO_TCP_SOCKETS, InfoType.RDS6_INFO_CONNECTIONS, InfoType.RDS6_INFO_SEND_MESSAGES,
-    InfoType.RDS6_INFO_RETRANS_MESSAGES, InfoType.RDS6_INFO_RECV_MESSAGES, InfoType.RDS6_INFO_SOCKETS,
+    InfoType.RDS_INFO_COUNTERS,
+    InfoType.RDS_INFO_CONNECTIONS,
+    InfoType.RDS_INFO_SEND_MESSAGES,
+    InfoType.RDS_INFO_RETRANS_MESSAGES,
+    InfoType.RDS_INFO_RECV_MESSAGES,
+    InfoType.RDS_INFO_SOCKETS,
+    InfoType.RDS_INFO_TCP_SOCKETS,
+    InfoType.RDS6_INFO_CONNECTIONS,
+    InfoType.RDS6_INFO_SEND_MESSAGES,
+    InfoType.RDS6_INFO_RETRANS_MESSAGES,
+    InfoType.RDS6_INFO_RECV_MESSAGES,
+    InfoType.RDS6_INFO_SOCKETS,
     InfoType.RDS6_INFO_TCP_SOCKETS,
 }
 _V6 = {t for t in InfoType if t.name.startswith("RDS6_")}
@@ -27,8 +35,15 @@ def _v6(ip: IPAddress | None) -> ipaddress.IPv6Address:
     if ip is None:
         return _ANY6
     if ip.version == 6:
-        return ip  # type: ignore[return-value]
+        return ip
     return ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + ip.packed)
+
+
+def _v4(ip: IPAddress) -> ipaddress.IPv4Address:
+    return ip if isinstance(ip, ipaddress.IPv4Address) else _ANY4
+
+
+_NOFLAG = InfoMessageFlag(0)
 
 
 def records(stack: Stack, info_type: int) -> list[Any]:
@@ -45,11 +60,29 @@ def records(stack: Stack, info_type: int) -> list[Any]:
                 if rs.bound_addr is None or rs.bound_addr.version != 4:
                     continue
                 conn = rs.conn_addr if rs.conn_addr is not None and rs.conn_addr.version == 4 else _ANY4
-                out.append(info.SocketInfo(rs.rds_sndbuf, rs.bound_addr, conn, rs.bound_port, rs.conn_port,
-                                           rs.rds_rcvbuf, rs.inum))
+                out.append(
+                    info.SocketInfo(
+                        rs.rds_sndbuf,
+                        rs.bound_addr,
+                        conn,
+                        rs.bound_port,
+                        rs.conn_port,
+                        rs.rds_rcvbuf,
+                        rs.inum,
+                    )
+                )
             else:
-                out.append(info.Socket6Info(rs.rds_sndbuf, _v6(rs.bound_addr), _v6(rs.conn_addr), rs.bound_port,
-                                            rs.conn_port, rs.rds_rcvbuf, rs.inum))
+                out.append(
+                    info.Socket6Info(
+                        rs.rds_sndbuf,
+                        _v6(rs.bound_addr),
+                        _v6(rs.conn_addr),
+                        rs.bound_port,
+                        rs.conn_port,
+                        rs.rds_rcvbuf,
+                        rs.inum,
+                    )
+                )
         return out
     if t in (InfoType.RDS_INFO_RECV_MESSAGES, InfoType.RDS6_INFO_RECV_MESSAGES):
         out = []
@@ -59,10 +92,17 @@ def records(stack: Stack, info_type: int) -> list[Any]:
                     continue
                 args = (inc.seq, len(inc.payload))
                 if v6:
-                    out.append(info.Message6Info(*args, _v6(inc.daddr), _v6(inc.saddr), inc.dport, inc.sport, 0,
-                                                 inc.tos))
+                    out.append(
+                        info.Message6Info(
+                            *args, _v6(inc.daddr), _v6(inc.saddr), inc.dport, inc.sport, _NOFLAG, inc.tos
+                        )
+                    )
                 else:
-                    out.append(info.MessageInfo(*args, inc.daddr, inc.saddr, inc.dport, inc.sport, 0, inc.tos))
+                    out.append(
+                        info.MessageInfo(
+                            *args, _v4(inc.daddr), _v4(inc.saddr), inc.dport, inc.sport, _NOFLAG, inc.tos
+                        )
+                    )
         return out
     if t in (InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS6_INFO_CONNECTIONS):
         rows: list[tuple[int, int, IPAddress, IPAddress, str, int, int]] = [
@@ -75,25 +115,33 @@ def records(stack: Stack, info_type: int) -> list[Any]:
             if v6:
                 out.append(info.Connection6Info(tx, rx, _v6(la), _v6(fa), name, InfoConnectionFlag(flags)))
             elif la.version == 4:
-                out.append(info.ConnectionInfo(tx, rx, la, fa, name, InfoConnectionFlag(flags), tos))
+                out.append(
+                    info.ConnectionInfo(tx, rx, _v4(la), _v4(fa), name, InfoConnectionFlag(flags), tos)
+                )
         return out
-    if t in (InfoType.RDS_INFO_SEND_MESSAGES, InfoType.RDS6_INFO_SEND_MESSAGES,
-             InfoType.RDS_INFO_RETRANS_MESSAGES, InfoType.RDS6_INFO_RETRANS_MESSAGES):
+    if t in (
+        InfoType.RDS_INFO_SEND_MESSAGES,
+        InfoType.RDS6_INFO_SEND_MESSAGES,
+        InfoType.RDS_INFO_RETRANS_MESSAGES,
+        InfoType.RDS6_INFO_RETRANS_MESSAGES,
+    ):
         kind = "send" if "SEND" in t.name else "retrans"
         out = []
         for seq, length, la, fa, lp, fp, tos in getattr(stack.tcp, "info_messages", lambda k: [])(kind):
             if v6:
-                out.append(info.Message6Info(seq, length, _v6(la), _v6(fa), lp, fp, 0, tos))
+                out.append(info.Message6Info(seq, length, _v6(la), _v6(fa), lp, fp, _NOFLAG, tos))
             elif la.version == 4:
-                out.append(info.MessageInfo(seq, length, la, fa, lp, fp, 0, tos))
+                out.append(info.MessageInfo(seq, length, _v4(la), _v4(fa), lp, fp, _NOFLAG, tos))
         return out
     # TCP sockets
     out = []
-    for la, lp, pa, pp, hdr_rem, data_rem, nxt, una_exp, una in getattr(stack.tcp, "info_tcp_sockets", list)():
+    for la, lp, pa, pp, hdr_rem, data_rem, nxt, una_exp, una in getattr(
+        stack.tcp, "info_tcp_sockets", list
+    )():
         if v6:
             out.append(info.TcpSocket6Info(_v6(la), lp, _v6(pa), pp, hdr_rem, data_rem, nxt, una_exp, una))
         elif la.version == 4:
-            out.append(info.TcpSocketInfo(la, lp, pa, pp, hdr_rem, data_rem, nxt, una_exp, una, 0))
+            out.append(info.TcpSocketInfo(_v4(la), lp, _v4(pa), pp, hdr_rem, data_rem, nxt, una_exp, una, 0))
     return out
 
 

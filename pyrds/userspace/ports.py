@@ -16,7 +16,7 @@ Key = tuple[IPAddress, int]
 def normalize(ip: IPAddress) -> IPAddress:
     """v4-mapped IPv6 addresses are the IPv4 address (the kernel keys everything as in6)."""
     if ip.version == 6:
-        mapped = ip.ipv4_mapped  # type: ignore[union-attr]
+        mapped = ip.ipv4_mapped
         if mapped is not None:
             return mapped
     return ip
@@ -53,7 +53,7 @@ class PortSpace:
         return self._bound.get((normalize(ip), port))
 
     def add(self, ip: IPAddress, port: int, sock_id: int) -> int:
-        """rds_add_bound: bind ``port`` (0 = pick one >= 2 from a random start); returns the port or an errno."""
+        """rds_add_bound: bind ``port`` (0 = pick one >= 2 from a random start); port or -errno."""
         ip = normalize(ip)
         if port == RDS_FLAG_PROBE_PORT:
             return -errno.EINVAL

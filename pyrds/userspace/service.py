@@ -149,7 +149,7 @@ class Service:
         sock.setblocking(False)
         ctl = _Control(sock)
         self._controls[sock.fileno()] = ctl
-        self.register(sock, selectors.EVENT_READ, lambda m, c=ctl: self._on_control(c))
+        self.register(sock, selectors.EVENT_READ, lambda _m: self._on_control(ctl))
 
     def _drop(self, ctl: _Control) -> None:
         self._controls.pop(ctl.sock.fileno(), None)
@@ -193,8 +193,8 @@ class Service:
         if op == rpc.Op.OPEN:
             if ctl.rs is None:
                 ctl.rs = st.open()
-                ctl.rs.readiness = Readiness()
-            fds.append(ctl.rs.readiness.client_fd())
+                ready = ctl.rs.readiness = Readiness()
+                fds.append(ready.client_fd())
             return ctl.rs.sock_id
         if op == rpc.Op.SYSCTL_GET:
             return dict(self.config.sysctl)
@@ -223,8 +223,12 @@ class Service:
             st.connect(rs, _ip(host), port, v6)
             return None
         if op == rpc.Op.GETSOCKNAME:
-            return (str(rs.bound_addr) if rs.bound_addr else None, rs.bound_port, rs.scope_id,
-                    str(rs.conn_addr) if rs.conn_addr else None)
+            return (
+                str(rs.bound_addr) if rs.bound_addr else None,
+                rs.bound_port,
+                rs.scope_id,
+                str(rs.conn_addr) if rs.conn_addr else None,
+            )
         if op == rpc.Op.GETPEERNAME:
             if rs.conn_addr is None:
                 raise StackError(errno.ENOTCONN)
@@ -249,8 +253,11 @@ class Service:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("PYRDS_LOG", "WARNING"), stream=sys.stderr,
-                        format="pyrds-stack[%(process)d] %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("PYRDS_LOG", "WARNING"),
+        stream=sys.stderr,
+        format="pyrds-stack[%(process)d] %(levelname)s %(message)s",
+    )
     svc = Service()
     try:
         svc.bind()

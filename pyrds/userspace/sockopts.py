@@ -1,4 +1,4 @@
-"""setsockopt/getsockopt/TOS of the userspace stack (af_rds.c, sock.c), raising StackError with the kernel's errno."""
+"""setsockopt/getsockopt/TOS of the userspace stack (af_rds.c, sock.c) with the kernel's errno."""
 
 from __future__ import annotations
 
@@ -20,8 +20,16 @@ SO_SNDBUFFORCE = 32
 SO_RCVBUFFORCE = 33
 INT_MAX = (1 << 31) - 1
 _GENERIC_SOL_SOCKET = {
-    socket.SO_DEBUG, socket.SO_REUSEADDR, socket.SO_KEEPALIVE, socket.SO_DONTROUTE, socket.SO_BROADCAST,
-    socket.SO_PRIORITY, socket.SO_OOBINLINE, socket.SO_REUSEPORT, socket.SO_RCVLOWAT, socket.SO_SNDLOWAT,
+    socket.SO_DEBUG,
+    socket.SO_REUSEADDR,
+    socket.SO_KEEPALIVE,
+    socket.SO_DONTROUTE,
+    socket.SO_BROADCAST,
+    socket.SO_PRIORITY,
+    socket.SO_OOBINLINE,
+    socket.SO_REUSEPORT,
+    socket.SO_RCVLOWAT,
+    socket.SO_SNDLOWAT,
 }
 
 
@@ -111,9 +119,16 @@ def getsockopt(stack: Stack, rs: SockState, level: int, optname: int, buflen: in
     """Returns an int for int options when ``buflen`` is 0, else bytes (like the stdlib)."""
     want = buflen if buflen else 4
     if level == socket.SOL_SOCKET:
-        table = {socket.SO_SNDBUF: rs.sndbuf, socket.SO_RCVBUF: rs.rcvbuf, SO_TIMESTAMP_OLD: int(rs.timestamp),
-                 SO_ZEROCOPY: int(rs.zerocopy), socket.SO_TYPE: socket.SOCK_SEQPACKET, socket.SO_ERROR: 0,
-                 socket.SO_DOMAIN: 21, socket.SO_PROTOCOL: 0}
+        table = {
+            socket.SO_SNDBUF: rs.sndbuf,
+            socket.SO_RCVBUF: rs.rcvbuf,
+            SO_TIMESTAMP_OLD: int(rs.timestamp),
+            SO_ZEROCOPY: int(rs.zerocopy),
+            socket.SO_TYPE: socket.SOCK_SEQPACKET,
+            socket.SO_ERROR: 0,
+            socket.SO_DOMAIN: 21,
+            socket.SO_PROTOCOL: 0,
+        }
         if optname not in table:
             raise StackError(errno.ENOPROTOOPT)
         return _ret(table[optname], buflen)

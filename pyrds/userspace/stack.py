@@ -124,7 +124,7 @@ class Stack:
         if rs.transport is not None:
             if rs.transport != Transport.TCP or not local:
                 raise StackError(errno.ENOPROTOOPT)
-            trans = rs.transport
+            trans: Transport = rs.transport
         else:
             if is_loopback(ip):
                 trans = Transport.LOOP
@@ -141,7 +141,7 @@ class Stack:
         rs.scope_id = scope_id
 
     def connect(self, rs: SockState, ip: IPAddress, port: int, v6: bool) -> None:
-        mapped = ip.version == 6 and ip.ipv4_mapped is not None  # type: ignore[union-attr]
+        mapped = isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None
         if not v6:
             if ip.is_unspecified:
                 raise StackError(errno.EDESTADDRREQ)
@@ -198,8 +198,9 @@ class Stack:
         if rs.snd_bytes >= rs.rds_sndbuf:
             self.counters["send_queue_full"] += 1
             raise StackError(errno.EAGAIN)
-        msg = Outgoing(rs.sock_id, rs.bound_addr, daddr, rs.bound_port, dport, bytes(payload), rs.tos,
-                       zcookie=cookie)
+        msg = Outgoing(
+            rs.sock_id, rs.bound_addr, daddr, rs.bound_port, dport, bytes(payload), rs.tos, zcookie=cookie
+        )
         rs.snd_bytes += plen
         rs.sent_any = True
         rs.sent[id(msg)] = msg
@@ -224,7 +225,9 @@ class Stack:
         conn.next_tx_seq += 1
         conn.next_rx_seq = conn.next_tx_seq
         now = time.monotonic_ns()
-        inc = Incoming(msg.saddr, msg.daddr, msg.sport, msg.dport, msg.payload, msg.seq, msg.tos, lat=(0, 0, now, 0))
+        inc = Incoming(
+            msg.saddr, msg.daddr, msg.sport, msg.dport, msg.payload, msg.seq, msg.tos, lat=(0, 0, now, 0)
+        )
         self.acked(msg)
         self.deliver(inc)
 
@@ -310,8 +313,7 @@ class Stack:
     ) -> tuple[bytes, list[tuple[int, int, bytes]], int, Any]:
         if flags & socket.MSG_OOB:
             raise StackError(errno.EOPNOTSUPP)
-        if flags & socket.MSG_DONTWAIT:
-            nonblock = True
+        del nonblock  # the client waits for POLLIN itself; the service never blocks
         out = cmsgs.AncBuilder(ancbufsize)
         if rs.cong_notify:
             notify = rs.cong_notify
