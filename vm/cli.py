@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             junit=args.junit,
             peer_cmd=shlex.split(args.peer_cmd),
             venv_bin=venv_bin,
+            pythonpath=guestpy.pyverbs_shim(),
             modules=args.modules,
             keep_results=args.keep_results,
             verbose=args.verbose,

@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--role", choices=("a", "b"), default="a")
     ap.add_argument("--repo", required=True)
     ap.add_argument("--venv-bin", default="")
+    ap.add_argument("--pythonpath", default="", help="extra PYTHONPATH entries after the repo")
     ap.add_argument("--modules", default=DEFAULT_MODULES)
     ap.add_argument("--mac", default="")
     ap.add_argument("--addr", default="", help="CIDR for the inter-guest link, e.g. 10.99.0.1/24")
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         PYRDS_IN_GUEST="1",
         PYRDS_ROLE=args.role,
         PYRDS_VM_RESULTS=own,
-        PYTHONPATH=os.pathsep.join(p for p in (args.repo, env.get("PYTHONPATH", "")) if p),
+        PYTHONPATH=os.pathsep.join(p for p in (args.repo, args.pythonpath, env.get("PYTHONPATH", "")) if p),
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONUNBUFFERED="1",
     )

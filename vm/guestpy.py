@@ -7,9 +7,11 @@ needs rdma-core 59 and does not work here), plus pip-installed pytest, pytest-xd
 ``~/.cache/pyrds/guest-venv`` and the guest sees it through the read-only 9p root. The project itself is not
 installed: the guest gets ``PYTHONPATH=<repo>``.
 
-The host's pyenv 3.11.7 was the alternative; it would need Debian's dist-packages on its path for pyverbs,
-and putting them on PYTHONPATH would shadow pyenv's newer pytest/hypothesis with Debian's. Without the venv
-(e.g. no PyPI access), the guest falls back to plain ``/usr/bin/python3`` (Debian pytest 7.2, no xdist).
+Any other CPython 3.11 works in the guest too (the host's pyenv 3.11.7, a tox env's ``{envpython}``): the
+guest's PYTHONPATH also carries a "pyverbs shim", a directory holding only a symlink to Debian's
+``/usr/lib/python3/dist-packages/pyverbs`` (same cpython-311 ABI). Putting all of dist-packages on PYTHONPATH
+instead would shadow pyenv's newer pytest/hypothesis/pyroute2 with Debian's older copies. Without the venv
+(e.g. no PyPI access), ``python3`` in the guest is plain ``/usr/bin/python3`` (Debian pytest 7.2, no xdist).
 """
 
 from __future__ import annotations
@@ -22,6 +24,23 @@ from vm.paths import cache_dir
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 VENV_PACKAGES = ("pytest>=8", "pytest-xdist", "hypothesis>=6.100", "pyroute2>=0.9")
+
+
+DEBIAN_PYVERBS = "/usr/lib/python3/dist-packages/pyverbs"
+
+
+def pyverbs_shim() -> str | None:
+    """A directory containing only ``pyverbs`` -> Debian's copy (for PYTHONPATH); None without pyverbs."""
+    if not os.path.isdir(DEBIAN_PYVERBS):
+        return None
+    shim = os.path.join(cache_dir(), "pyverbs-shim")
+    link = os.path.join(shim, "pyverbs")
+    if os.path.realpath(link) != os.path.realpath(DEBIAN_PYVERBS):
+        os.makedirs(shim, exist_ok=True)
+        tmp = link + f".tmp{os.getpid()}"
+        os.symlink(DEBIAN_PYVERBS, tmp)
+        os.replace(tmp, link)
+    return shim
 
 
 def venv_dir() -> str:

@@ -45,6 +45,7 @@ class RunConfig:
     junit: str | None = None
     peer_cmd: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
     venv_bin: str | None = None
+    pythonpath: str | None = None
     modules: str | None = None
     keep_results: bool = False
     verbose: bool = False
@@ -94,6 +95,8 @@ def guest_command(cfg: RunConfig, role: str, results: str, port: int | None) -> 
     inner = [GUEST_SYSTEM_PYTHON, GUEST_SCRIPT, "--results", results, "--role", role, "--repo", REPO_ROOT]
     if cfg.venv_bin:
         inner += ["--venv-bin", cfg.venv_bin]
+    if cfg.pythonpath:
+        inner += ["--pythonpath", cfg.pythonpath]
     if cfg.modules is not None:
         inner += ["--modules", cfg.modules]
     if cfg.topology == "two-guests":
