@@ -24,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -87,6 +89,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="comma list of backend labels to keep: kernel,userspace,mixed (others deselected)",
     )
     group.addoption("--rds-results", default=None, help="write per-test outcomes and observations as JSON")
+    group.addoption("--rds-timeout", type=float, default=float(os.environ.get("PYRDS_TEST_TIMEOUT", "180")),
+                    help="fail a test running longer than this many seconds (SIGALRM)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -144,6 +148,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
+
+
+class RdsTestTimeout(Exception):
+    """A conformance test exceeded --rds-timeout (a hang is a failure, never a pass or a stuck run)."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    limit: float = item.config.getoption("--rds-timeout")
+    if not limit or threading.current_thread() is not threading.main_thread():
+        return (yield)
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise RdsTestTimeout(f"{item.nodeid} exceeded --rds-timeout={limit:g}s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        return (yield)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
