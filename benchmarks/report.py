@@ -1,0 +1,164 @@
+"""Render benchmark results: docs/benchmarks.md (Markdown tables) and a PNG chart.
+
+The chart uses matplotlib when it is importable; otherwise a plain bar chart (no text) is written with the
+stdlib (zlib + struct), and the Markdown says which.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+BASE = "kernel<->kernel"
+COLORS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75)]
+
+
+def _fmt(v: Any, digits: int = 0) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.{digits}f}"
+
+
+def _table(rows: list[dict[str, Any]], mode: str) -> list[str]:
+    base = {r["size"]: r for r in rows if r["scenario"] == BASE and r["mode"] == mode}
+    head = "| path | size | msgs/s | MB/s | p50 rtt us | p99 rtt us | vs kernel<->kernel |"
+    if mode != "rr":
+        head = "| path | size | msgs/s | MB/s | vs kernel<->kernel |"
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        if r["mode"] != mode:
+            continue
+        b = base.get(r["size"], {})
+        ratio = "-"
+        if r.get("msgs_per_s") and b.get("msgs_per_s"):
+            ratio = f"{r['msgs_per_s'] / b['msgs_per_s']:.2f}x"
+        size = f"{r['size'] // 1024} KiB" if r["size"] >= 1024 else f"{r['size']} B"
+        if r.get("error"):
+            cells = [r["scenario"], size, f"failed: {r['error']}"] + ["-"] * (3 if mode == "rr" else 1)
+            cells.append("-")
+        elif mode == "rr":
+            cells = [
+                r["scenario"],
+                size,
+                _fmt(r["msgs_per_s"]),
+                _fmt(r["mb_per_s"], 2),
+                _fmt(r["p50_us"]),
+                _fmt(r["p99_us"]),
+                ratio,
+            ]
+        else:
+            cells = [r["scenario"], size, _fmt(r["msgs_per_s"]), _fmt(r["mb_per_s"], 2), ratio]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
+    rows: list[dict[str, Any]] = data["results"]
+    how = write_chart(rows, png)
+    lines = [
+        "# pyrds benchmarks",
+        "",
+        f"Measured {data['date']} on {data['machine']}; {data['duration_s']:g} s per cell.",
+        "Written by `python benchmarks/run.py` (one guest boot: `python -m vm run`). Every path crosses",
+        "two network namespaces joined by a veth pair inside the guest: RDS/TCP for the RDS rows, a plain",
+        "TCP stream (4-byte length framing, TCP_NODELAY) for the practical limit. Clients and servers are",
+        "Python (`pyrds stress`, one task), kernel rows measure AF_RDS driven from Python, not rds-stress.",
+        "Mixed rows: the userspace node's stack listens on 16386 (the kernel's rds_tcp owns 16385 in every",
+        "netns) with an nftables `tcp dport 16385 redirect to :16386` so kernel dials reach it.",
+        "CPU % in the raw JSON is the client process only (the userspace stack runs in its own process).",
+        "",
+        "## Request/response (depth 1, reply 0 B)",
+        "",
+        *_table(rows, "rr"),
+        "",
+        "## One-way (send as fast as accepted; rate confirmed by the receiver)",
+        "",
+        *_table(rows, "oneway"),
+        "",
+        f"![chart]({png.name}) - {how}",
+        "",
+    ]
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text("\n".join(lines))
+
+
+def write_chart(rows: list[dict[str, Any]], png: Path) -> str:
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    sizes = sorted({r["size"] for r in rows})
+    modes = [m for m in ("rr", "oneway") if any(r["mode"] == m for r in rows)]
+
+    def val(s: str, size: int, mode: str) -> float:
+        for r in rows:
+            if r["scenario"] == s and r["size"] == size and r["mode"] == mode and not r.get("error"):
+                return float(r.get("msgs_per_s") or 0.0)
+        return 0.0
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _stdlib_chart(png, [[[val(s, z, m) for s in scenarios] for z in sizes] for m in modes])
+        return (
+            "bars: msgs/s (log scale) per size (left to right 0 B, 1, 8, 64 KiB), rr then one-way; colours "
+            "in table order (stdlib PNG, matplotlib not installed)"
+        )
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.2), squeeze=False)
+    width = 0.8 / max(1, len(scenarios))
+    for ax, mode in zip(axes[0], modes, strict=True):
+        for i, s in enumerate(scenarios):
+            xs = [j + i * width for j in range(len(sizes))]
+            ax.bar(
+                xs,
+                [val(s, z, mode) for z in sizes],
+                width,
+                label=s,
+                color=[c / 255 for c in COLORS[i % len(COLORS)]],
+            )
+        ax.set_xticks([j + width * (len(scenarios) - 1) / 2 for j in range(len(sizes))])
+        ax.set_xticklabels([f"{z // 1024} KiB" if z >= 1024 else f"{z} B" for z in sizes])
+        ax.set_yscale("log")
+        ax.set_ylabel("messages/s")
+        ax.set_title("request/response" if mode == "rr" else "one-way")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return "messages/s, log scale (matplotlib)"
+
+
+def _stdlib_chart(png: Path, groups: list[list[list[float]]], w: int = 800, h: int = 300) -> None:
+    import math
+
+    pix = bytearray(b"\xff" * (w * h * 3))
+    allv = [v for m in groups for z in m for v in z if v > 0]
+    top = math.log10(max(allv)) if allv else 1.0
+    cols = sum(len(z) + 1 for m in groups for z in m) + len(groups)
+    bw = max(1, w // max(1, cols))
+    x = bw
+    for m in groups:
+        for z in m:
+            for i, v in enumerate(z):
+                bar = int((math.log10(v) / top) * (h - 10)) if v > 1 else 0
+                for xx in range(x, min(w, x + bw - 1)):
+                    for yy in range(h - bar, h):
+                        o = (yy * w + xx) * 3
+                        pix[o : o + 3] = bytes(COLORS[i % len(COLORS)])
+                x += bw
+            x += bw
+        x += bw
+    raw = b"".join(b"\x00" + bytes(pix[r * w * 3 : (r + 1) * w * 3]) for r in range(h))
+
+    def chunk(tag: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
+
+    png.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw, 9))
+        + chunk(b"IEND", b"")
+    )

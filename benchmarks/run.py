@@ -1,0 +1,270 @@
+"""pyrds benchmark: kernel<->kernel, userspace<->userspace, mixed and plain TCP over veth, in ONE guest run.
+
+Host:   ``python benchmarks/run.py``           boots the guest (python -m vm run), runs the guest phase, then
+                                               writes docs/benchmarks.md and docs/benchmarks.png here.
+Guest:  ``python benchmarks/run.py --guest``   (root + AF_RDS) prints one ``PYRDS-BENCH-JSON`` line.
+Render: ``python benchmarks/run.py --from-json results.json``  rewrites the report from saved results.
+
+Each cell is ``pyrds stress`` (active side in one netns, ``--passive --once`` in the other) or the plain TCP
+baseline (benchmarks/tcp_baseline.py), request/response depth 1 and one-way, for every message size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from report import write_report  # noqa: E402
+from topology import KERNEL_PORT, USERSPACE_PORT, Node, make_pair, teardown, userspace_node  # noqa: E402
+
+MARK = "PYRDS-BENCH-JSON "
+SIZES = (0, 1024, 8192, 65536)
+PY = sys.executable
+CLI = [PY, "-m", "pyrds.cli.main"]
+
+# (label, active backend, passive backend, topology key)
+SCENARIOS = [
+    ("kernel<->kernel", "kernel", "kernel", "kk"),
+    ("userspace<->userspace", "userspace", "userspace", "uu"),
+    ("userspace->kernel", "userspace", "kernel", "mixed-u2k"),
+    ("kernel->userspace", "kernel", "userspace", "mixed-k2u"),
+    ("plain TCP", "tcp", "tcp", "kk"),
+]
+
+
+def _wait_listening(proc: subprocess.Popen[str], timeout: float) -> None:
+    assert proc.stderr is not None
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        line = proc.stderr.readline()
+        if not line:
+            raise RuntimeError(f"passive side exited ({proc.poll()})")
+        if "passive on" in line:
+            return
+    raise RuntimeError("passive side did not start")
+
+
+def one_cell(
+    active: Node, passive: Node, ba: str, bp: str, size: int, mode: str, dur: float, port: int
+) -> dict[str, Any]:
+    if bp == "tcp":
+        pcmd = [PY, str(HERE / "tcp_baseline.py"), "--passive", "--once", "-s", passive.addr, "-p", str(port)]
+        acmd = [PY, str(HERE / "tcp_baseline.py"), "-s", active.addr, "-r", passive.addr, "-p", str(port)]
+    else:
+        pcmd = [
+            *CLI,
+            "stress",
+            "--passive",
+            "--once",
+            "--json",
+            "--backend",
+            bp,
+            "-s",
+            passive.addr,
+            "-p",
+            str(port),
+        ]
+        acmd = [
+            *CLI,
+            "stress",
+            "--json",
+            "--no-rows",
+            "--backend",
+            ba,
+            "-s",
+            active.addr,
+            "-r",
+            passive.addr,
+            "-p",
+            str(port),
+            "-W",
+            "30",
+        ]
+    acmd += ["-q", str(size), "-T", str(dur)] + (["--one-way"] if mode == "oneway" else [])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with (
+        tempfile.TemporaryFile("w+") as pout,
+        tempfile.TemporaryFile("w+") as aout,
+        tempfile.TemporaryFile("w+") as aerr,
+    ):
+        srv = subprocess.Popen(
+            passive.argv(pcmd), stdout=pout, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+        )
+        try:
+            _wait_listening(srv, 60)
+            cli = subprocess.Popen(active.argv(acmd), stdout=aout, stderr=aerr, text=True, env=env, cwd=ROOT)
+            try:
+                cli.wait(dur + 120)
+            except subprocess.TimeoutExpired:
+                cli.kill()
+                cli.wait()
+            aout.seek(0)
+            aerr.seek(0)
+            out, err = aout.read(), aerr.read()
+        finally:
+            try:
+                srv.wait(15)
+            except subprocess.TimeoutExpired:
+                srv.kill()
+                srv.wait()
+    try:
+        doc: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (err.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"rc {cli.returncode}: {tail}"}
+    if cli.returncode != 0:
+        doc["error"] = "; ".join(doc.get("errors") or [f"rc {cli.returncode}"])
+    return doc
+
+
+def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
+    for mod in ("rds", "rds_tcp"):
+        subprocess.run(["modprobe", mod], check=False)
+    kk = make_pair("kk", "10.91.0")
+    uu = make_pair("uu", "10.92.0")
+    mk, mu = make_pair("mx", "10.93.0")
+    for n in uu:
+        userspace_node(n, USERSPACE_PORT)
+    userspace_node(mu, KERNEL_PORT)
+    topo = {"kk": kk, "uu": uu, "mixed-u2k": (mu, mk), "mixed-k2u": (mk, mu)}
+    results: list[dict[str, Any]] = []
+    port = 4000
+    try:
+        for label, ba, bp, key in SCENARIOS:
+            if args.only and not any(o in label for o in args.only):
+                continue
+            a, p = topo[key]
+            for mode in args.modes:
+                for size in args.sizes:
+                    port += 1
+                    t0 = time.monotonic()
+                    doc = one_cell(a, p, ba, bp, size, mode, args.duration, port)
+                    row = {"scenario": label, "mode": mode, "size": size, **_pick(doc)}
+                    results.append(row)
+                    print(
+                        f"[bench] {label:22} {mode:6} {size:6} B: {row.get('msgs_per_s')} msgs/s "
+                        f"{row.get('mb_per_s')} MB/s p50 {row.get('p50_us')} p99 {row.get('p99_us')} "
+                        f"{row.get('error') or ''} ({time.monotonic() - t0:.0f} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        teardown([*kk, *uu, mk, mu])
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine(),
+        "duration_s": args.duration,
+        "results": results,
+    }
+
+
+def _pick(doc: dict[str, Any]) -> dict[str, Any]:
+    rtt = doc.get("rtt_us") or {}
+    return {
+        "msgs_per_s": doc.get("msgs_per_s"),
+        "mb_per_s": doc.get("mb_per_s"),
+        "p50_us": rtt.get("p50"),
+        "p99_us": rtt.get("p99"),
+        "cpu_pct": doc.get("cpu_pct"),
+        "error": doc.get("error"),
+    }
+
+
+def machine() -> str:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"Linux {platform.release()} {platform.machine()}, {os.cpu_count()} vCPU ({model}), "
+        f"Python {platform.python_version()}"
+    )
+
+
+def host_phase(args: argparse.Namespace) -> int:
+    cmd = [
+        PY,
+        "-m",
+        "vm",
+        "run",
+        "--timeout",
+        str(args.vm_timeout),
+        "--",
+        "python",
+        "benchmarks/run.py",
+        "--guest",
+        "-T",
+        str(args.duration),
+        "--sizes",
+        ",".join(map(str, args.sizes)),
+        "--modes",
+        ",".join(args.modes),
+    ]
+    for o in args.only or []:
+        cmd += ["--only", o]
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    assert proc.stdout is not None
+    data: dict[str, Any] | None = None
+    accel = ""
+    for line in proc.stdout:
+        if MARK in line:
+            data = json.loads(line.split(MARK, 1)[1])
+            continue
+        if line.startswith("[vm] kernel") and "accel" in line:
+            accel = line.split("accel", 1)[1].split("(")[0].strip()
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    rc = proc.wait()
+    if data is None:
+        print(f"benchmark: no results from the guest (vm run exit {rc})", file=sys.stderr)
+        return 1
+    if accel:
+        data["machine"] += f"; QEMU guest, accel {accel}"
+    Path(args.save_json).write_text(json.dumps(data, indent=1))
+    write_report(data, Path(args.out), Path(args.png))
+    print(f"wrote {args.out}, {args.png} and {args.save_json}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--guest", action="store_true", help="run the measurements here (root, AF_RDS)")
+    ap.add_argument("--from-json", help="render the report from saved results")
+    ap.add_argument("-T", "--duration", type=float, default=3.0, help="seconds per cell (3)")
+    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(SIZES))
+    ap.add_argument("--modes", type=lambda s: s.split(","), default=["rr", "oneway"])
+    ap.add_argument("--only", action="append", help="scenario label substring (repeatable)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    ap.add_argument("--png", default=str(ROOT / "docs" / "benchmarks.png"))
+    ap.add_argument("--save-json", default=str(ROOT / "benchmarks" / "results.json"))
+    ap.add_argument("--vm-timeout", type=float, default=3000.0)
+    args = ap.parse_args(argv)
+    if args.from_json:
+        write_report(json.loads(Path(args.from_json).read_text()), Path(args.out), Path(args.png))
+        return 0
+    if args.guest:
+        data = guest_phase(args)
+        print(MARK + json.dumps(data), flush=True)
+        return 0 if all(not r.get("error") for r in data["results"]) else 1
+    return host_phase(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
