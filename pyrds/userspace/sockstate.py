@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -52,6 +53,7 @@ class SockState:
     sndbuf: int
     rcvbuf: int
     inum: int = field(default_factory=lambda: next(_inum))
+    hash_initval: int = field(default_factory=lambda: random.getrandbits(32))  # rs_hash_initval
     bound_addr: IPAddress | None = None
     bound_port: int = 0
     scope_id: int = 0

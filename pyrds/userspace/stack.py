@@ -39,7 +39,7 @@ class StackError(Exception):
 
 
 class TcpTransport(Protocol):
-    def send(self, msg: Outgoing, sport_hash: int) -> None: ...
+    def send(self, msg: Outgoing, hash_key: tuple[int, int]) -> None: ...
     def cong_map_changed(self, laddr: IPAddress) -> None: ...
     def cancel(self, msg: Outgoing) -> None: ...
 
@@ -211,7 +211,7 @@ class Stack:
         elif self.tcp is None:
             raise StackError(errno.EADDRNOTAVAIL)
         else:
-            self.tcp.send(msg, rs.bound_port)
+            self.tcp.send(msg, (rs.bound_port, rs.hash_initval))
         rs.update_readiness()
         return plen
 
@@ -286,7 +286,7 @@ class Stack:
             self.deliver(Incoming(ping.daddr, ping.saddr, 0, ping.sport, b"", seq, ping.tos))
         elif self.tcp is not None:
             pong = Outgoing(0, ping.daddr, ping.saddr, 0, ping.sport, b"", ping.tos)
-            self.tcp.send(pong, 0)
+            self.tcp.send(pong, (0, 0))
 
     def _rcvbuf_delta(self, rs: SockState, delta: int) -> None:
         if delta == 0:

@@ -24,7 +24,7 @@ for i in range(n):
     assert int(d[:8]) == i, (i, d[:8])
     assert a[0] == "10.77.0.1"
 c = {r.name: r.value for r in s.get_info(InfoType.RDS_INFO_COUNTERS)}
-print("ok", c["tcp_protocol_error"], flush=True)
+print("ok", c["tcp_protocol_error"], len(s.get_info(InfoType.RDS_INFO_TCP_SOCKETS)), flush=True)
 """
 
 _SEND = """
@@ -110,5 +110,6 @@ def test_tcp_exactly_once_and_garbage_peer(netns_pair: tuple[str, str], kill: bo
     status, resets = send.stdout.split()
     assert status == "sent" and (int(resets) >= 1) == kill
     assert recv.returncode == 0
-    status, errors = out.split()
+    status, errors, tcp_sockets = out.split()
     assert status == "ok" and int(errors) >= 1
+    assert int(tcp_sockets) >= 2  # the npaths handshake brought up more than path 0

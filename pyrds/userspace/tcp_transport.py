@@ -1,0 +1,262 @@
+"""One RDS/TCP path: a TCP socket driven by a sans-IO :class:`PathEngine` (connect, I/O, acks, errors).
+
+Acks come from TCP itself: bytes written minus SIOCOUTQ (``ioctl(TIOCOUTQ)``) are acked by the peer. A peer
+that sends garbage (ProtocolError) loses its TCP connection and ``tcp_protocol_error`` is incremented.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import selectors
+import socket
+import struct
+import termios
+import time
+from typing import TYPE_CHECKING, Any
+
+from pyrds.userspace.proto.errors import ProtocolError
+from pyrds.userspace.proto.events import (
+    CongMapReceived,
+    DuplicateDropped,
+    MessageReceived,
+    NpathsNegotiated,
+    PingReceived,
+)
+from pyrds.userspace.proto.path import PathEngine, PathState
+from pyrds.userspace.sockstate import Incoming, Outgoing
+
+if TYPE_CHECKING:
+    from pyrds.userspace.conn_manager import TcpConn
+
+log = logging.getLogger("pyrds.userspace.tcp")
+R, W = selectors.EVENT_READ, selectors.EVENT_WRITE
+ACK_POLL = 0.005
+WRITE_CHUNK = 256 * 1024
+_OUTQ = struct.Struct("i")
+
+
+def tune(s: socket.socket) -> None:
+    """TCP_NODELAY and keepalive 5s/5/5s like rds_tcp_tune / rds_tcp_keepalive."""
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 5)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 5)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
+
+
+class TcpPath:
+    def __init__(self, conn: TcpConn, index: int) -> None:
+        self.conn = conn
+        self.index = index
+        st = conn.mgr.stack
+        self.engine = PathEngine(
+            conn.laddr,
+            conn.faddr,
+            index,
+            local_map=st.cong.map_for(conn.laddr),
+            ping_enable=bool(st.config.sysctl["ping_enable"]),
+        )
+        self.sock: socket.socket | None = None
+        self.outbuf = b""
+        self.pending: dict[int, Outgoing] = {}
+        self.dial_scheduled = False
+        self.ack_scheduled = False
+
+    @property
+    def up(self) -> bool:
+        return self.engine.state == PathState.UP
+
+    def queue(self, msg: Outgoing) -> None:
+        msg.seq = self.engine.queue(msg.sport, msg.dport, msg.payload)
+        if msg.sock_id:
+            self.pending[msg.seq] = msg
+        self.kick()
+
+    def kick(self) -> None:
+        """Write what is queued, or get a connection."""
+        if self.up:
+            self.flush()
+        elif self.conn.owner:
+            self.dial_soon(0.0)
+        elif self.index == 0:
+            self.conn.doorbell()
+
+    # -- connecting (owner side)
+    def dial_soon(self, delay: float | None = None) -> None:
+        if self.sock is not None or self.dial_scheduled:
+            return
+        if delay is None:
+            delay = self.conn.backoff.next_delay(time.monotonic())
+        self.dial_scheduled = True
+        self.conn.mgr.svc.call_later(delay, self._dial)
+
+    def _dial(self) -> None:
+        self.dial_scheduled = False
+        if self.sock is not None or self.conn.mgr.closed:
+            return
+        s = self.conn.new_socket()
+        try:
+            s.bind((str(self.conn.laddr), 0))
+            s.connect_ex((str(self.conn.faddr), self.conn.mgr.stack.config.tcp_peer_port))
+        except OSError:
+            s.close()
+            self.dial_soon()
+            return
+        self.sock = s
+        self.engine.connecting(time.monotonic())
+        self.conn.mgr.svc.register(s, W, self._on_connect)
+
+    def _on_connect(self, _mask: int) -> None:
+        s = self.sock
+        assert s is not None
+        if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self.lost()
+            return
+        self.established(s, registered=True)
+
+    def established(self, s: socket.socket, registered: bool = False) -> None:
+        self.sock = s
+        tune(s)
+        svc = self.conn.mgr.svc
+        if registered:
+            svc.modify(s, R, self._on_io)
+        else:
+            svc.register(s, R, self._on_io)
+        self.outbuf = b""
+        self.engine.connection_made(time.monotonic())
+        if self.index == 0:
+            self.conn.path0_up()
+        self.flush()
+
+    def lost(self) -> None:
+        s = self.sock
+        if s is not None:
+            self.conn.mgr.svc.unregister(s)
+            s.close()
+            self.sock = None
+            self.conn.mgr.stack.counters["conn_reset"] += 1
+        self.outbuf = b""
+        if self.engine.state != PathState.DOWN:
+            self.engine.connection_lost(time.monotonic())
+        if self.conn.owner and not self.conn.mgr.closed:
+            self.dial_soon()
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.conn.mgr.svc.unregister(self.sock)
+            self.sock.close()
+            self.sock = None
+
+    # -- I/O
+    def flush(self) -> None:
+        s = self.sock
+        if s is None or not self.up:
+            return
+        svc = self.conn.mgr.svc
+        while True:
+            if not self.outbuf:
+                self.outbuf = self.engine.bytes_to_send(WRITE_CHUNK)
+                if not self.outbuf:
+                    break
+            try:
+                n = s.send(self.outbuf)
+            except (BlockingIOError, InterruptedError):
+                self.conn.mgr.stack.counters["tcp_sndbuf_full"] += 1
+                svc.modify(s, R | W, self._on_io)
+                break
+            except OSError:
+                self.lost()
+                return
+            self.outbuf = self.outbuf[n:]
+        if not self.outbuf:
+            svc.modify(s, R, self._on_io)
+        self.check_acks()
+
+    def check_acks(self) -> None:
+        s = self.sock
+        if s is None:
+            return
+        try:
+            outq: int = _OUTQ.unpack(fcntl.ioctl(s.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        except OSError:
+            return
+        written = self.engine.tx_bytes - len(self.outbuf)
+        for acked in self.engine.acked_through(max(0, written - outq)):
+            msg = self.pending.pop(acked.seq, None)
+            if msg is not None:
+                self.conn.mgr.stack.acked(msg)
+        if self.pending and not self.ack_scheduled:
+            self.ack_scheduled = True
+            self.conn.mgr.svc.call_later(ACK_POLL, self._ack_timer)
+
+    def _ack_timer(self) -> None:
+        self.ack_scheduled = False
+        self.check_acks()
+
+    def _on_io(self, mask: int) -> None:
+        s = self.sock
+        if s is None:
+            return
+        counters = self.conn.mgr.stack.counters
+        if mask & W:
+            counters["tcp_write_space_calls"] += 1
+            self.flush()
+        if not mask & R or self.sock is None:
+            return
+        counters["tcp_data_ready_calls"] += 1
+        try:
+            data = s.recv(WRITE_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.lost()
+            return
+        try:
+            events = self.engine.feed(data, time.monotonic())
+        except ProtocolError as exc:
+            log.warning(
+                "RDS/TCP %s -> %s path %d: %s; dropping the connection",
+                self.conn.faddr,
+                self.conn.laddr,
+                self.index,
+                exc,
+            )
+            counters["tcp_protocol_error"] += 1
+            for ev in getattr(exc, "partial", None) or []:
+                self._event(ev)
+            self.lost()
+            return
+        for ev in events:
+            self._event(ev)
+        self.flush()  # pongs, and acks may have advanced
+
+    def _event(self, ev: Any) -> None:
+        st = self.conn.mgr.stack
+        if isinstance(ev, MessageReceived):
+            h = ev.header
+            now = time.monotonic_ns()
+            st.deliver(
+                Incoming(
+                    self.conn.faddr,
+                    self.conn.laddr,
+                    h.sport,
+                    h.dport,
+                    ev.payload,
+                    h.sequence,
+                    0,
+                    lat=(now, now, now, 0),
+                )
+            )
+        elif isinstance(ev, CongMapReceived):
+            mask = st.cong.replace_remote(self.conn.faddr, ev.map)
+            st.cong.map_updated(mask, st.wake)
+        elif isinstance(ev, PingReceived):
+            st.counters["recv_ping"] += 1
+            st.counters["send_pong"] += int(ev.pong_queued)
+        elif isinstance(ev, DuplicateDropped):
+            st.counters["recv_drop_old_seq"] += 1
+        elif isinstance(ev, NpathsNegotiated):
+            self.conn.negotiated(ev.npaths)
