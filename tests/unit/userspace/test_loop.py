@@ -15,6 +15,8 @@ import pyrds
 from pyrds.constants import SOL_RDS, CmsgType, InfoType, SockOpt, Transport
 from pyrds.userspace import RDSSocket
 
+SO_TIMESTAMP = 29  # SO_TIMESTAMP_OLD (the stdlib does not export it)
+
 
 def _pair() -> tuple[RDSSocket, RDSSocket]:
     a, b = RDSSocket(), RDSSocket()
@@ -192,3 +194,92 @@ def test_two_processes_share_one_port_space() -> None:
     a.bind(("127.0.0.1", 4300))
     out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == str(errno.EADDRINUSE), out.stderr
+
+
+def test_ipv6_loopback_exchange() -> None:
+    a, b = RDSSocket(), RDSSocket()
+    a.bind(("::1", 4400))
+    b.bind(("::1", 0))
+    b.sendto(b"six", ("::1", 4400))
+    data, addr = a.recvfrom(10)
+    assert data == b"six" and addr == ("::1", b.getsockname()[1], 0, 0)
+    with pytest.raises(OSError) as ei:
+        b.sendto(b"x", ("127.0.0.1", 4400))
+    assert ei.value.errno == errno.EOPNOTSUPP
+
+
+def test_timestamp_and_rxpath_latency_cmsgs() -> None:
+    from pyrds import cmsg
+
+    a, b = _pair()
+    a.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
+    a.setsockopt(SOL_RDS, SockOpt.SO_RDS_MSG_RXPATH_LATENCY, cmsg.rx_trace_so([0, 1]))
+    b.sendto(b"t", ("127.0.0.1", 4000))
+    _data, anc, flags, _addr = a.recvmsg(10, 256)
+    kinds = {(lv, t) for lv, t, _ in anc}
+    assert (socket.SOL_SOCKET, SO_TIMESTAMP) in kinds
+    assert (SOL_RDS, CmsgType.RDS_CMSG_RXPATH_LATENCY) in kinds
+    assert not flags & socket.MSG_CTRUNC
+    b.sendto(b"t", ("127.0.0.1", 4000))
+    _data, anc, flags, _addr = a.recvmsg(10, 0)
+    assert anc == [] and flags & socket.MSG_CTRUNC
+    with pytest.raises(OSError) as ei:
+        a.setsockopt(SOL_RDS, SockOpt.SO_RDS_MSG_RXPATH_LATENCY, bytes([1, 3, 0, 0]))
+    assert ei.value.errno == errno.EFAULT
+
+
+def test_send_cmsg_rules() -> None:
+    from pyrds import cmsg
+
+    a, b = _pair()
+    dest = ("127.0.0.1", 4000)
+    with pytest.raises(OSError) as ei:  # RDMA on a transport without RDMA
+        b.sendmsg([b"x"], [cmsg.rdma_args(1, 0, 8, 0, 1)], 0, dest)
+    assert ei.value.errno == errno.EOPNOTSUPP
+    with pytest.raises(OSError) as ei:  # MSG_ZEROCOPY without a cookie
+        b.sendmsg([b"x"], [], 0x4000000, dest)
+    assert ei.value.errno == errno.EINVAL
+    with pytest.raises(OSError) as ei:  # unknown SOL_RDS cmsg
+        b.sendmsg([b"x"], [(SOL_RDS, 99, b"\0" * 8)], 0, dest)
+    assert ei.value.errno == errno.EINVAL
+
+
+def test_zerocopy_completion() -> None:
+    from pyrds import cmsg
+
+    ip = _local_v4()
+    if ip is None:
+        pytest.skip("no non-loopback local IPv4 address")
+    r, s = RDSSocket(), RDSSocket()
+    r.bind((ip, 4500))
+    s.bind((ip, 0))
+    assert s.getsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT) == Transport.TCP
+    s.setsockopt(socket.SOL_SOCKET, 60, 1)  # SO_ZEROCOPY
+    for cookie in (7, 8):
+        s.sendmsg([b"zc"], [cmsg.zcopy_cookie(cookie)], 0x4000000, (ip, 4500))
+    s.setblocking(False)
+    _d, anc, _f, _a = s.recvmsg(10, 256)
+    parsed = cmsg.parse_ancdata(anc)
+    assert [list(p.cookies) for p in parsed] == [[7, 8]]
+    lo = RDSSocket()
+    lo.bind(("127.0.0.1", 0))
+    lo.setsockopt(socket.SOL_SOCKET, 60, 1)
+    with pytest.raises(OSError) as ei:
+        lo.sendmsg([b"zc"], [cmsg.zcopy_cookie(1)], 0x4000000, ("127.0.0.1", 4500))
+    assert ei.value.errno == errno.EOPNOTSUPP
+
+
+def test_tos_and_sysctl() -> None:
+    s = RDSSocket()
+    with pytest.raises(OSError) as ei:
+        s.set_tos(1)
+    assert ei.value.errno == errno.ENOTTY
+    assert s.get_tos() == 0
+    assert s.sysctl_get()["ping_enable"] == 1
+    s.sysctl_set("ping_enable", 0)
+    a, b = _pair()
+    a.sendto(b"", ("127.0.0.1", 0))  # no pong while ping_enable=0: dropped, no socket on port 0
+    a.setblocking(False)
+    with pytest.raises(OSError) as ei:
+        a.recv(10)
+    assert ei.value.errno == errno.EAGAIN

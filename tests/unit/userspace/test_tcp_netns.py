@@ -4,13 +4,15 @@ across a forced reconnect, and a garbage peer dropped and counted while the real
 from __future__ import annotations
 
 import os
-import shutil
+from collections.abc import Iterator
 import signal
 import subprocess
 import sys
 import uuid
 
 import pytest
+
+from pyrds.netns import popen_in_netns
 
 pytestmark = pytest.mark.netns
 
@@ -46,26 +48,18 @@ print("sent", c["conn_reset"], flush=True)
 """
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 @pytest.fixture
-def netns_pair() -> tuple[str, str]:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2")
-    tag = uuid.uuid4().hex[:6]
-    a, b = f"rdsA{tag}", f"rdsB{tag}"
-    _ip("netns", "add", a)
-    _ip("netns", "add", b)
+def netns_pair() -> Iterator[tuple[str, str]]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    netns = pytest.importorskip("pyrds.netns")
+    a, b = netns.unique_name("rdsA"), netns.unique_name("rdsB")
+    netns.create_netns(a)
+    netns.create_netns(b)
     try:
-        _ip("link", "add", f"va{tag}", "netns", a, "type", "veth", "peer", "name", f"vb{tag}", "netns", b)
-        _ip("-n", a, "addr", "add", "10.77.0.1/24", "dev", f"va{tag}")
-        _ip("-n", a, "addr", "add", "10.77.0.5/24", "dev", f"va{tag}")
-        _ip("-n", b, "addr", "add", "10.77.0.9/24", "dev", f"vb{tag}")
-        for ns, dev in ((a, f"va{tag}"), (b, f"vb{tag}")):
-            _ip("-n", ns, "link", "set", dev, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
+        netns.create_veth(
+            a, b, "va", "vb", addrs_a=["10.77.0.1/24", "10.77.0.5/24"], addrs_b=["10.77.0.9/24"]
+        )
         yield a, b
     finally:
         for ns in (a, b):  # the stack services this test started in its namespaces
@@ -75,8 +69,7 @@ def netns_pair() -> tuple[str, str]:
                     os.kill(int(pid), signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        _ip("netns", "del", a)
-        _ip("netns", "del", b)
+            netns.delete_netns(ns)
 
 
 @pytest.mark.parametrize(
@@ -87,8 +80,9 @@ def test_tcp_exactly_once_and_garbage_peer(netns_pair: tuple[str, str], kill: bo
     a, b = netns_pair
     n = 4000
     env = dict(os.environ, PYRDS_IDLE_EXIT="2", PYRDS_TCP_PORT="16385", PYRDS_TCP_PEER_PORT="16385")
-    recv = subprocess.Popen(
-        ["ip", "netns", "exec", b, sys.executable, "-c", _RECV, str(n)],
+    recv = popen_in_netns(
+        b,
+        [sys.executable, "-c", _RECV, str(n)],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
@@ -96,18 +90,20 @@ def test_tcp_exactly_once_and_garbage_peer(netns_pair: tuple[str, str], kill: bo
     try:
         assert recv.stdout is not None
         assert recv.stdout.readline().strip() == "ready"
-        send = subprocess.run(
-            ["ip", "netns", "exec", a, sys.executable, "-c", _SEND, str(n), "16385", "1" if kill else "0"],
+        send = popen_in_netns(
+            a,
+            [sys.executable, "-c", _SEND, str(n), "16385", "1" if kill else "0"],
             env=env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=40,
         )
-        assert send.returncode == 0, send.stderr
+        send_out, send_err = send.communicate(timeout=40)
+        assert send.returncode == 0, send_err
         out, _ = recv.communicate(timeout=60)
     finally:
         recv.kill()
-    status, resets = send.stdout.split()
+    status, resets = send_out.split()
     assert status == "sent" and (int(resets) >= 1) == kill
     assert recv.returncode == 0
     status, errors, tcp_sockets = out.split()
