@@ -357,6 +357,7 @@ def _active(args: argparse.Namespace, local: str, peer: str) -> int:
     tasks = [Task(args, local, peer, stop, gate) for _ in range(args.tasks)]
     rows_out = sys.stderr if args.json else sys.stdout
     reporter = Reporter(rows_out, args.size, not args.no_rows)
+    cpu0, t0 = cpu_seconds(), time.monotonic()
     try:
         for t in tasks:
             t.setup()
