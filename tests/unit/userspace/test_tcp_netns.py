@@ -4,11 +4,10 @@ across a forced reconnect, and a garbage peer dropped and counted while the real
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 import signal
 import subprocess
 import sys
-import uuid
+from collections.abc import Iterator
 
 import pytest
 
