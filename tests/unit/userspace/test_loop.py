@@ -283,3 +283,33 @@ def test_tos_and_sysctl() -> None:
     with pytest.raises(OSError) as ei:
         a.recv(10)
     assert ei.value.errno == errno.EAGAIN
+
+
+_RACER = """
+import sys, pyrds
+s = pyrds.socket("userspace")
+s.bind(("127.0.0.1", int(sys.argv[1])))
+print("bound", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_concurrent_first_sockets_start_one_stack() -> None:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER, str(4600 + i)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "bound"
+        s = RDSSocket()
+        ports = {r.bound_port for r in s.get_info(InfoType.RDS_INFO_SOCKETS)}
+        assert ports == {4600, 4601, 4602, 4603}
+    finally:
+        for p in procs:
+            p.communicate("\n", timeout=10)

@@ -108,3 +108,60 @@ def test_tcp_exactly_once_and_garbage_peer(netns_pair: tuple[str, str], kill: bo
     status, errors, tcp_sockets = out.split()
     assert status == "ok" and int(errors) >= 1
     assert int(tcp_sockets) >= 2  # the npaths handshake brought up more than path 0
+
+
+_QRECV = """
+import sys, pyrds
+n = int(sys.argv[1]); s = pyrds.socket("userspace"); s.bind(("10.77.0.9", 5001)); s.settimeout(30)
+print("ready", flush=True)
+got = [int(s.recv(2048)[:8]) for _ in range(n)]
+assert got == list(range(n)), got
+print("ok", flush=True)
+"""
+
+_QSEND = """
+import errno, select, socket, sys, pyrds
+s = pyrds.socket("userspace"); s.bind(("10.77.0.1", 0))
+s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)  # rds sndbuf = 8192 bytes
+s.setblocking(False)
+n = 0
+try:
+    while True:
+        s.sendto(b"%08d" % n + b"q" * 1016, ("10.77.0.9", 5001))
+        n += 1
+except OSError as e:
+    assert e.errno == errno.EAGAIN, e
+assert select.select([], [s], [], 0)[1] == [], "POLLOUT while the send queue is full"
+print("full", n, flush=True)
+sys.stdin.readline()
+assert select.select([], [s], [], 30)[1] == [s], "no POLLOUT after the peer came up"
+print("writable", flush=True)
+"""
+
+
+def test_tcp_queue_while_down_pollout_and_delivery(netns_pair: tuple[str, str]) -> None:
+    a, b = netns_pair
+    env = dict(os.environ, PYRDS_IDLE_EXIT="2", PYRDS_TCP_PORT="16385", PYRDS_TCP_PEER_PORT="16385")
+    subprocess.run(["ip", "-n", b, "link", "set", "vb", "down"], check=True)
+    send = popen_in_netns(
+        a, [sys.executable, "-c", _QSEND], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    recv = None
+    try:
+        assert send.stdout is not None and send.stdin is not None
+        status, count = send.stdout.readline().split()
+        assert status == "full" and int(count) == 8  # accepted while queued bytes < sndbuf/2
+        recv = popen_in_netns(
+            b, [sys.executable, "-c", _QRECV, count], env=env, stdout=subprocess.PIPE, text=True
+        )
+        assert recv.stdout is not None and recv.stdout.readline().strip() == "ready"
+        subprocess.run(["ip", "-n", b, "link", "set", "vb", "up"], check=True)
+        send.stdin.write("go\n")
+        send.stdin.flush()
+        assert send.stdout.readline().strip() == "writable"
+        out, _ = recv.communicate(timeout=40)
+        assert out.strip() == "ok"
+    finally:
+        send.kill()
+        if recv is not None:
+            recv.kill()
