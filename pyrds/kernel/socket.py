@@ -52,6 +52,24 @@ def _as_bytes(obj: Any, what: str) -> memoryview:
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
 
 
+def _buffer_address(mv: memoryview, keep: list[Any]) -> int | None:
+    """Address of the caller's bytes without copying (MSG_ZEROCOPY sends straight from them, so the caller
+    must keep them unchanged until the completion, as in C); read-only non-bytes buffers are copied."""
+    if not len(mv):
+        return None
+    if not mv.readonly:
+        cbuf = (ctypes.c_char * len(mv)).from_buffer(mv)
+        keep.append(cbuf)
+        return ctypes.addressof(cbuf)
+    if isinstance(mv.obj, bytes) and mv.contiguous and mv.nbytes == len(mv.obj):
+        ptr = ctypes.cast(ctypes.c_char_p(mv.obj), ctypes.c_void_p).value
+        keep.append(mv.obj)
+        return ptr
+    copy = ctypes.create_string_buffer(mv.tobytes(), len(mv))
+    keep.append(copy)
+    return ctypes.addressof(copy)
+
+
 def _check_int(value: Any, what: str) -> int:
     if not isinstance(value, int):
         raise TypeError(f"{what} must be int, not {type(value).__name__}")
@@ -130,9 +148,7 @@ class RDSSocket(RDSSocketBase):
         keep: list[Any] = []
         iov = (libc.iovec * max(1, len(bufs)))()
         for i, mv in enumerate(bufs):
-            cbuf = (ctypes.c_char * max(1, len(mv))).from_buffer_copy(mv.tobytes() or b"\0")
-            keep.append(cbuf)
-            iov[i].iov_base = ctypes.addressof(cbuf)
+            iov[i].iov_base = _buffer_address(mv, keep)
             iov[i].iov_len = len(mv)
         msg = libc.msghdr()
         msg.msg_iov = ctypes.cast(iov, ctypes.POINTER(libc.iovec))

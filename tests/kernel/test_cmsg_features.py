@@ -19,7 +19,7 @@ SO_ZEROCOPY = 60
 
 def test_so_timestamp_loop(sockets: list[Any]) -> None:
     a, b = loop_pair(sockets, port=4700)
-    b.setsockopt(socket.SOL_SOCKET, socket.SO_TIMESTAMP, 1)
+    b.setsockopt(socket.SOL_SOCKET, cmsg.SO_TIMESTAMP_OLD, 1)
     t0 = time.time()
     a.sendto(b"ts", b.getsockname())
     data, anc, _fl, _addr = recv_full(b)
@@ -31,7 +31,7 @@ def test_so_timestamp_loop(sockets: list[Any]) -> None:
 
 def test_so_timestamp_tcp(tcp_net: dict[str, str], sockets: list[Any]) -> None:
     a, b = tcp_pair(tcp_net, sockets, port=4710)
-    b.setsockopt(socket.SOL_SOCKET, socket.SO_TIMESTAMP, 1)
+    b.setsockopt(socket.SOL_SOCKET, cmsg.SO_TIMESTAMP_OLD, 1)
     a.sendto(b"ts", b.getsockname())
     _data, anc, _fl, _addr = recv_full(b)
     assert [type(x) for x in cmsg.parse_ancdata(anc)] == [cmsg.Timestamp]
@@ -86,8 +86,9 @@ def test_zerocopy_cookies_tcp(tcp_net: dict[str, str], sockets: list[Any]) -> No
     a, b = tcp_pair(tcp_net, sockets, port=4750)
     a.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 1)
     dst = b.getsockname()
+    payload = b"z" * 5000  # zerocopy: the kernel reads these pages after sendmsg returns
     for cookie in (11, 12, 13):
-        assert a.sendmsg([b"z" * 5000], [cmsg.zcopy_cookie(cookie)], MSG_ZEROCOPY, dst) == 5000
+        assert a.sendmsg([payload], [cmsg.zcopy_cookie(cookie)], MSG_ZEROCOPY, dst) == 5000
     for _ in range(3):
         assert recv_full(b)[0] == b"z" * 5000
     assert sorted(_reap_zcookies(a, 3)) == [11, 12, 13]
