@@ -276,8 +276,8 @@ def clear_netem(name: str | None, ifname: str) -> None:
     """Remove the root qdisc of ``ifname`` (back to the default); no error if none was set."""
     with ipr_for(name) as ipr:
         idx = _ifindex(ipr, ifname, name)
-        with contextlib.suppress(Exception):
-            ipr.tc("del", index=idx, handle="1:")
+        with contextlib.suppress(Exception):  # no root qdisc of ours: nothing to do
+            ipr.tc("del", index=idx, root=True)  # pyroute2: handle= alone gives EINVAL
 
 
 def netem_available() -> bool:
