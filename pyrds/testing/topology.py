@@ -77,9 +77,7 @@ class Node:
         return s
 
     def sh(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        from pyrds.netns import run_cmd_in_netns
-
-        return run_cmd_in_netns(self.netns, argv, check=check)
+        return _run("ip", "netns", "exec", self.netns, *argv, check=check)
 
     def force_reconnect(self) -> None:
         """Drop every RDS/TCP connection of this node (the owner side reconnects and retransmits).
@@ -119,44 +117,41 @@ class TwoNodes:
 
     @classmethod
     def create(cls, backends: Sequence[str]) -> TwoNodes:
-        from pyrds import netns
-
+        # iproute2 rather than pyrds.netns/pyroute2: importing pyroute2 takes over a minute under QEMU TCG
         k = next(_counter)
         tag = f"{os.getpid() % 100000}x{k}"
         subnet = (os.getpid() + k) % 200 + 20
-        names = [netns.unique_name("rdsA"), netns.unique_name("rdsB")]
+        names = [f"rdsA{tag}", f"rdsB{tag}"]
         ifs = ["vethA", "vethB"]
         addrs = [(f"10.99.{subnet}.{i}", f"fd00:99:{subnet}::{i}") for i in (1, 2)]
         created: list[str] = []
         agents: list[Agent] = []
         try:
             for ns in names:
-                netns.create_netns(ns)
+                _run("ip", "netns", "add", ns)
                 created.append(ns)
-            netns.create_veth(
-                names[0],
-                names[1],
-                ifs[0],
-                ifs[1],
-                addrs_a=[f"{addrs[0][0]}/24", f"{addrs[0][1]}/64"],
-                addrs_b=[f"{addrs[1][0]}/24", f"{addrs[1][1]}/64"],
-            )
+            _run("ip", "-n", names[0], "link", "add", ifs[0], "type", "veth", "peer", "name", ifs[1],
+                 "netns", names[1])
             nodes: list[Node] = []
             for i, (ns, ifname, backend) in enumerate(zip(names, ifs, backends, strict=True)):
+                a4, a6 = addrs[i]
+                _run("ip", "-n", ns, "link", "set", "lo", "up")
+                _run("ip", "-n", ns, "addr", "add", f"{a4}/24", "dev", ifname)
+                _run("ip", "-n", ns, "addr", "add", f"{a6}/64", "dev", ifname, "nodad")
+                _run("ip", "-n", ns, "link", "set", ifname, "up")
                 env: dict[str, str] = {}
                 port = RDS_TCP_PORT
                 if backend == "userspace" and kernel_rds_tcp_loaded():
                     port = USERSPACE_ALT_PORT
                     env["PYRDS_TCP_PORT"] = str(port)
-                    nft = netns.popen_in_netns(
-                        ns, ["nft", "-f", "-"], stdin=subprocess.PIPE, text=True, stderr=subprocess.PIPE
-                    )
-                    _out, err = nft.communicate(NFT_REDIRECT.format(std=RDS_TCP_PORT, alt=port), timeout=30)
+                    nft = subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], text=True,
+                                         input=NFT_REDIRECT.format(std=RDS_TCP_PORT, alt=port),
+                                         capture_output=True, timeout=60)
                     if nft.returncode != 0:
-                        raise RuntimeError(f"nft redirect in {ns} failed: {err.strip()}")
+                        raise RuntimeError(f"nft redirect in {ns} failed: {nft.stderr.strip()}")
                 agent = Agent(ns, env=env, name=f"{'AB'[i]}:{backend}")
                 agents.append(agent)
-                nodes.append(Node("AB"[i], ns, ifname, backend, addrs[i][0], addrs[i][1], agent, port))
+                nodes.append(Node("AB"[i], ns, ifname, backend, a4, a6, agent, port))
             for n in nodes:
                 _wait_link_up(n)
             return cls(nodes[0], nodes[1], tag)
@@ -207,10 +202,7 @@ def _delete_netns(ns: str) -> None:
     for pid in res.stdout.split():
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid), signal.SIGKILL)
-    from pyrds.netns import delete_netns
-
-    with contextlib.suppress(Exception):
-        delete_netns(ns)
+    _run("ip", "netns", "del", ns, check=False)
 
 
 def describe(nodes: TwoNodes) -> dict[str, Any]:

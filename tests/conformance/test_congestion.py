@@ -36,6 +36,19 @@ def _small_receiver(rds_socket_factory):
     return r, s
 
 
+def test_loop_bound_receiver_never_congests(rds_socket_factory, rds_observe):
+    """Kernel 6.1: a socket bound on the loop transport never becomes congested ("loop transport doesn't
+    send/recv congestion updates", rds_recv_rcvbuf_delta); its queue grows past rcvbuf without ENOBUFS."""
+    r = rds_socket_factory()
+    r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    r.bind(("127.0.0.1", 0))
+    s = rds_socket_factory()
+    s.bind(("127.0.0.1", 0))
+    sent, err = _fill(s, r.getsockname(), limit=50)
+    assert (sent, err) == (50, None)
+    assert len(drain_nonblocking(r)) == 50
+
+
 def test_congested_receiver_enobufs(rds_socket_factory, rds_observe):
     """Once queued bytes exceed rcvbuf/2 the port is congested: a non-blocking send gets ENOBUFS."""
     r, s = _small_receiver(rds_socket_factory)

@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from pyrds.testing.helpers import drain_nonblocking, expect_errno
+from pyrds.constants import InfoType
+from pyrds.info import counters_dict
+from pyrds.testing.helpers import expect_errno
 
 MSG_ZEROCOPY = 0x4000000
 
@@ -66,9 +68,20 @@ def test_peek_short_buffer_keeps_message(rds_pair):
     assert b.recv(100) == b"0123456789"
 
 
-def test_recv_dontwait_empty_eagain(rds_pair):
+def test_recv_dontwait_empty_eagain(rds_socket_factory):
+    s = rds_socket_factory()
+    s.bind(("127.0.0.1", 0))
+    expect_errno(errno.EAGAIN, s.recv, 100, socket.MSG_DONTWAIT)
+
+
+def test_recv_dontwait_on_timeout_socket_follows_stdlib(rds_pair):
+    """Python-level rule, as CPython's socket: a socket with a timeout polls first, so MSG_DONTWAIT on an
+    empty
+    queue raises TimeoutError after the timeout (not EAGAIN at once)."""
     _a, b = rds_pair
-    expect_errno(errno.EAGAIN, b.recv, 100, socket.MSG_DONTWAIT)
+    b.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        b.recv(100, socket.MSG_DONTWAIT)
 
 
 def test_recv_timeout(rds_pair):
@@ -106,11 +119,11 @@ def test_send_dontwait_ok(rds_pair):
     assert b.recv(10) == b"x"
 
 
-def test_zerocopy_flag_without_so_zerocopy_is_plain_send(rds_pair):
-    """MSG_ZEROCOPY is ignored unless SO_ZEROCOPY is set (rds_sendmsg: zcopy needs SOCK_ZEROCOPY)."""
+def test_zerocopy_flag_without_cookie_einval(rds_pair):
+    """Kernel 6.1: MSG_ZEROCOPY without an RDS_CMSG_ZCOPY_COOKIE is EINVAL (rds_rm_size), even without
+    SO_ZEROCOPY and on the loop transport."""
     a, b = rds_pair
-    assert a.sendto(b"zc", MSG_ZEROCOPY, b.getsockname()) == 2
-    assert b.recv(10) == b"zc"
+    expect_errno(errno.EINVAL, a.sendto, b"zc", MSG_ZEROCOPY, b.getsockname())
 
 
 def test_ordering(rds_pair):
@@ -183,12 +196,23 @@ def test_rcvbuf_doubled(rds_socket_factory):
     assert s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 8192
 
 
-def test_sendto_port_without_listener_is_silently_dropped(rds_pair):
-    """RDS is connectionless toward ports: a message to an unbound port succeeds at send and is dropped."""
+def test_sendto_port_without_listener(rds_pair, rds_observe):
+    """RDS is connectionless toward ports: a message to an unbound port succeeds at send and is dropped
+    (recv_drop_no_sock); the sender's later messages to a live port still arrive."""
     a, b = rds_pair
     bport = b.getsockname()[1]
     free = 2 + (bport + 7919) % 60000
+    before = counters_dict(a.get_info(InfoType.RDS_INFO_COUNTERS))
+    a.sendto(b"real1", b.getsockname())
+    assert b.recv(10) == b"real1"
     assert a.sendto(b"void", ("127.0.0.1", free)) == 4
-    a.sendto(b"real", b.getsockname())
-    assert b.recv(10) == b"real"
-    assert drain_nonblocking(b) == []
+    a.sendto(b"real2", b.getsockname())
+    got = []
+    try:
+        got.append(b.recv(10))
+    except TimeoutError:
+        got.append("timeout")
+    after = counters_dict(a.get_info(InfoType.RDS_INFO_COUNTERS))
+    rds_observe("after_void", got)
+    assert after["recv_drop_no_sock"] > before["recv_drop_no_sock"]
+    assert got == [b"real2"]
