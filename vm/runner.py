@@ -75,6 +75,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _listening(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:port (read from /proc/net/tcp: connecting to test it would
+    consume QEMU's one-shot ``-netdev socket,listen=`` accept)."""
+    want = f"0100007F:{port:04X}"
+    try:
+        with open("/proc/net/tcp") as fh:
+            return any(ln.split()[1] == want and ln.split()[3] == "0A" for ln in fh.readlines()[1:])
+    except OSError:
+        return False
+
+
+def _wait_listening(port: int, guest: _Guest, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and guest.proc.poll() is None:
+        if _listening(port):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def _substitute(cmd: Sequence[str], results_a: str, junit_guest: str) -> list[str]:
     return [a.replace("{junit}", junit_guest).replace("{results}", results_a) for a in cmd]
 
@@ -202,8 +222,8 @@ def run(cfg: RunConfig) -> RunResult:
         for role in roles:
             prefix = f"[{role.upper()}] " if len(roles) > 1 else ""
             guests[role] = _Guest(role, guest_command(cfg, role, results, port), prefix)
-            if role == "a" and len(roles) > 1:
-                time.sleep(2.0)  # let guest A's QEMU open the listening socket before B connects
+            if role == "a" and port is not None and not _wait_listening(port, guests["a"], 120.0):
+                raise HarnessError(f"guest A's QEMU never listened on 127.0.0.1:{port}")
         a = guests["a"]
         deadline = t0 + cfg.timeout
         while a.proc.poll() is None:
