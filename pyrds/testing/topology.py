@@ -59,6 +59,10 @@ def netns_supported() -> str | None:
     return None
 
 
+class NetemUnavailable(RuntimeError):
+    """The kernel lacks sch_netem."""
+
+
 @dataclass
 class Node:
     name: str
@@ -91,7 +95,8 @@ class Node:
             value = self.agent.request("read_file", path).strip()
             self.agent.request("write_file", path, value + "\n")
         else:
-            self.agent.request("job", "pyrds.testing.workloads:userspace_force_reconnect", [], {})
+            jid = self.agent.request("job", "pyrds.testing.workloads:userspace_force_reconnect", [], {})
+            self.agent.wait(jid, 60)
 
     def close_sockets(self) -> None:
         with contextlib.suppress(Exception):
