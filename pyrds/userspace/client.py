@@ -169,40 +169,47 @@ class RDSSocket(RDSSocketBase):
         if address is not None:
             a = parse_address(address)
             dest = (str(a.ip), a.port)
-        nonblock = self._timeout == 0.0 or bool(flags & socket.MSG_DONTWAIT)
+        # CPython's rules: no timeout -> the call blocks unless MSG_DONTWAIT; timeout 0 -> non-blocking;
+        # timeout > 0 -> the fd is non-blocking for the kernel, CPython polls first and retries on EAGAIN.
+        timed = bool(self._timeout)
+        blocking = self._timeout is None and not flags & socket.MSG_DONTWAIT
         deadline = self._deadline()
-        args = (payload, anc, int(flags), dest, nonblock)
+        args = (payload, anc, int(flags), dest, not blocking)
+        if timed and not self._wait(select.POLLOUT, deadline):
+            raise TimeoutError("timed out")
         while True:
             try:
                 n: int = self._call(rpc.Op.SEND, args)
                 return n
             except OSError as exc:
-                if nonblock or exc.errno not in (errno.EAGAIN, rpc.WAIT_CONG):
+                if not (blocking or timed) or exc.errno not in (errno.EAGAIN, rpc.WAIT_CONG):
                     raise
                 if exc.errno == errno.EAGAIN:
                     ok = self._wait(select.POLLOUT, deadline)
                 else:  # congested destination: the kernel sleeps on the map's waitqueue
                     time.sleep(_CONG_POLL)
-                    ok = deadline is None or time.monotonic() < deadline
+                    ok = True
                 if not ok:
-                    raise os_error(errno.EAGAIN if self._timeout == 0 else errno.ETIMEDOUT) from None
+                    raise TimeoutError("timed out") from None
 
     def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> tuple[bytes, AncData, int, Any]:
         if bufsize < 0 or ancbufsize < 0:
             raise ValueError("negative buffer size in recvmsg()")
-        nonblock = self._timeout == 0.0 or bool(flags & socket.MSG_DONTWAIT)
+        timed = bool(self._timeout)
+        blocking = self._timeout is None and not flags & socket.MSG_DONTWAIT
         deadline = self._deadline()
+        args = (int(bufsize), int(ancbufsize), int(flags), not blocking)
         while True:
+            if timed and not self._wait(select.POLLIN, deadline):
+                raise TimeoutError("timed out")
             try:
-                data, anc, mflags, src = self._call(
-                    rpc.Op.RECV, (int(bufsize), int(ancbufsize), int(flags), nonblock)
-                )
+                data, anc, mflags, src = self._call(rpc.Op.RECV, args)
                 break
             except OSError as exc:
-                if nonblock or exc.errno != errno.EAGAIN:
+                if not (blocking or timed) or exc.errno != errno.EAGAIN:
                     raise
-                if not self._wait(select.POLLIN, deadline):
-                    raise os_error(errno.ETIMEDOUT) from None
+                if blocking:
+                    self._wait(select.POLLIN, None)
         addr = None
         if src is not None:
             host, port, scope = src

@@ -18,6 +18,10 @@ SYSCTL_DEFAULTS: dict[str, int] = {
     "reconnect_max_delay_ms": RDS_RECONNECT_MAX_DELAY_MS,
     "max_unacked_packets": 8,
     "max_unacked_bytes": 16 << 20,
+    # /proc/sys/net/rds/tcp: SO_SNDBUF/SO_RCVBUF of RDS/TCP sockets (0 = kernel default); writing either one
+    # drops every RDS/TCP connection of the stack (rds_tcp_skbuf_handler)
+    "rds_tcp_sndbuf": 0,
+    "rds_tcp_rcvbuf": 0,
 }
 
 

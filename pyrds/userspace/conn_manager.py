@@ -15,7 +15,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from pyrds.addr import IPAddress
-from pyrds.constants import RDS_FLAG_PROBE_PORT, InfoConnectionFlag
+from pyrds.constants import RDS_FLAG_PROBE_PORT, RDS_MPATH_WORKERS, InfoConnectionFlag
 from pyrds.userspace.ports import normalize
 from pyrds.userspace.proto.backoff import ReconnectBackoff
 from pyrds.userspace.proto.handshake import jhash_1word, should_dial
@@ -92,9 +92,15 @@ class TcpConn:
             for p in self.paths[1:]:
                 p.dial_soon(0.0)
 
-    def accept(self, s: socket.socket) -> None:
-        """An incoming connection for this (laddr, faddr) on the non-owner side."""
-        for p in self.paths[: max(1, self.npaths)]:
+    def accept(self, s: socket.socket, peer_port: int) -> None:
+        """An incoming connection for this (laddr, faddr) on the non-owner side: the path its source port
+        names (``port % RDS_MPATH_WORKERS``) when free, else the first free path (6.1)."""
+        usable = self.paths[: max(1, self.npaths)]
+        want = peer_port % RDS_MPATH_WORKERS
+        if want < len(usable) and usable[want].sock is None:
+            usable[want].established(s)
+            return
+        for p in usable:
             if p.sock is None:
                 p.established(s)
                 return
@@ -158,7 +164,7 @@ class ConnManager:
             s.close()
             c.paths[0].dial_soon(0.0)
             return
-        c.accept(s)
+        c.accept(s, int(peer[1]))
 
     # -- what Stack calls (TcpTransport protocol)
     def send(self, msg: Outgoing, hash_key: tuple[int, int]) -> None:
@@ -179,6 +185,13 @@ class ConnManager:
             for p in c.paths:
                 if p.pending.get(msg.seq) is msg:
                     del p.pending[msg.seq]
+
+    def reset_all(self) -> None:
+        """Drop every TCP path (like writing net.rds.tcp.rds_tcp_sndbuf); owners reconnect and retransmit."""
+        for c in self.conns.values():
+            for p in c.paths:
+                if p.sock is not None:
+                    p.drain_and_drop()
 
     def busy(self) -> bool:
         return any(p.engine.queued_msgs or p.sock is not None for c in self.conns.values() for p in c.paths)

@@ -106,7 +106,15 @@ def records(stack: Stack, info_type: int) -> list[Any]:
         return out
     if t in (InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS6_INFO_CONNECTIONS):
         rows: list[tuple[int, int, IPAddress, IPAddress, str, int, int]] = [
-            (c.next_tx_seq, c.next_rx_seq, c.laddr, c.faddr, "loop", int(InfoConnectionFlag.CONNECTED), c.tos)
+            (
+                c.next_tx_seq,
+                c.next_rx_seq,
+                c.laddr,
+                c.faddr,
+                "loopback",
+                int(InfoConnectionFlag.CONNECTED),
+                c.tos,
+            )
             for c in stack.loop_conns.values()
         ]
         rows.extend(getattr(stack.tcp, "info_connections", list)())

@@ -203,6 +203,8 @@ class Service:
             if name not in self.config.sysctl:
                 raise StackError(errno.ENOENT)
             self.config.set_sysctl(name, value)
+            if name in ("rds_tcp_sndbuf", "rds_tcp_rcvbuf") and self.tcp is not None:
+                self.tcp.reset_all()
             return None
         rs = ctl.rs
         if rs is None:

@@ -19,6 +19,8 @@ SO_ZEROCOPY = 60
 SO_SNDBUFFORCE = 32
 SO_RCVBUFFORCE = 33
 INT_MAX = (1 << 31) - 1
+GET_MR_ARGS_SIZE = 32
+GET_MR_FOR_DEST_ARGS_SIZE = 160
 _GENERIC_SOL_SOCKET = {
     socket.SO_DEBUG,
     socket.SO_REUSEADDR,
@@ -81,10 +83,17 @@ def setsockopt(stack: Stack, rs: SockState, level: int, optname: int, value: int
             raise StackError(errno.ENOTCONN)
         addr, port = _sockaddr(value)
         stack.cancel_sent_to(rs, addr, port)
-    elif optname in (SockOpt.RDS_GET_MR, SockOpt.RDS_GET_MR_FOR_DEST, SockOpt.RDS_FREE_MR):
+    elif optname in (SockOpt.RDS_GET_MR, SockOpt.RDS_GET_MR_FOR_DEST):
+        # rds_get_mr / rds_get_mr_for_dest: exact optlen, then __rds_rdma_map: unbound, no get_mr
+        size = GET_MR_ARGS_SIZE if optname == SockOpt.RDS_GET_MR else GET_MR_FOR_DEST_ARGS_SIZE
+        if isinstance(value, int) or len(value) != size:
+            raise StackError(errno.EINVAL)
         if rs.bound_addr is None:
             raise StackError(errno.ENOTCONN)
         raise StackError(errno.EOPNOTSUPP)
+    elif optname == SockOpt.RDS_FREE_MR:
+        # rds_free_mr: cookie 0 needs flush_mrs (TCP/loop have none), else the MR is not found: EINVAL
+        raise StackError(errno.EINVAL)
     elif optname == SockOpt.RDS_RECVERR:
         rs.recverr = bool(_int(value))
     elif optname == SockOpt.RDS_CONG_MONITOR:

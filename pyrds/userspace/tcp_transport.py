@@ -6,8 +6,10 @@ that sends garbage (ProtocolError) loses its TCP connection and ``tcp_protocol_e
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
+import random
 import selectors
 import socket
 import struct
@@ -15,6 +17,7 @@ import termios
 import time
 from typing import TYPE_CHECKING, Any
 
+from pyrds.constants import RDS_MPATH_WORKERS
 from pyrds.userspace.proto.errors import ProtocolError
 from pyrds.userspace.proto.events import (
     CongMapReceived,
@@ -36,13 +39,31 @@ WRITE_CHUNK = 256 * 1024
 _OUTQ = struct.Struct("i")
 
 
-def tune(s: socket.socket) -> None:
-    """TCP_NODELAY and keepalive 5s/5/5s like rds_tcp_tune / rds_tcp_keepalive."""
+def tune(s: socket.socket, sndbuf: int = 0, rcvbuf: int = 0) -> None:
+    """TCP_NODELAY, keepalive 5s/5/5s, rds_tcp_sndbuf/rcvbuf (rds_tcp_tune, rds_tcp_keepalive)."""
+    if sndbuf > 0:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    if rcvbuf > 0:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 5)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 5)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
+
+
+def bind_path_port(s: socket.socket, laddr: str, index: int) -> None:
+    """Bind a source port with ``port % RDS_MPATH_WORKERS == index`` so the acceptor can pair paths by index
+    (what post-6.1 kernels do; a 6.1 acceptor ignores it and takes the first free path)."""
+    for _ in range(32):
+        port = random.randrange(32768, 60992, RDS_MPATH_WORKERS) + index
+        try:
+            s.bind((laddr, port))
+            return
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    s.bind((laddr, 0))
 
 
 class TcpPath:
@@ -97,7 +118,7 @@ class TcpPath:
             return
         s = self.conn.new_socket()
         try:
-            s.bind((str(self.conn.laddr), 0))
+            bind_path_port(s, str(self.conn.laddr), self.index)
             s.connect_ex((str(self.conn.faddr), self.conn.mgr.stack.config.tcp_peer_port))
         except OSError:
             s.close()
@@ -117,7 +138,8 @@ class TcpPath:
 
     def established(self, s: socket.socket, registered: bool = False) -> None:
         self.sock = s
-        tune(s)
+        sysctl = self.conn.mgr.stack.config.sysctl
+        tune(s, sysctl["rds_tcp_sndbuf"], sysctl["rds_tcp_rcvbuf"])
         svc = self.conn.mgr.svc
         if registered:
             svc.modify(s, R, self._on_io)
@@ -141,6 +163,20 @@ class TcpPath:
             self.engine.connection_lost(time.monotonic())
         if self.conn.owner and not self.conn.mgr.closed:
             self.dial_soon()
+
+    def drain_and_drop(self) -> None:
+        """A deliberate reset: first consume what the peer's TCP already acked (it is in our receive queue and
+        the peer freed it), then drop the connection."""
+        while self.sock is not None:
+            try:
+                data = self.sock.recv(WRITE_CHUNK, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            if not data or not self._feed(data):
+                return
+        self.lost()
 
     def close(self) -> None:
         if self.sock is not None:
@@ -214,6 +250,11 @@ class TcpPath:
         if not data:
             self.lost()
             return
+        if self._feed(data):
+            self.flush()  # pongs, and acks may have advanced
+
+    def _feed(self, data: bytes) -> bool:
+        """Feed received bytes to the engine; False when a protocol error dropped the connection."""
         try:
             events = self.engine.feed(data, time.monotonic())
         except ProtocolError as exc:
@@ -224,14 +265,14 @@ class TcpPath:
                 self.index,
                 exc,
             )
-            counters["tcp_protocol_error"] += 1
+            self.conn.mgr.stack.counters["tcp_protocol_error"] += 1
             for ev in getattr(exc, "partial", None) or []:
                 self._event(ev)
             self.lost()
-            return
+            return False
         for ev in events:
             self._event(ev)
-        self.flush()  # pongs, and acks may have advanced
+        return True
 
     def _event(self, ev: Any) -> None:
         st = self.conn.mgr.stack
