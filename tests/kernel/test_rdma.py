@@ -78,8 +78,9 @@ def test_ib_transport_and_info(rxe_ip: str, sockets: list[Any]) -> None:
     assert ib, "no IB connection listed"
     assert str(ib[0].src_addr) == rxe_ip
     assert ib[0].src_gid != bytes(16) and ib[0].max_send_wr > 0 and ib[0].max_recv_wr > 0
+    # 6.1: the v6 IB table does not list IPv4 connections (unlike RDS6_INFO_SOCKETS, which maps them)
     ib6 = read_info(InfoType.RDS6_INFO_IB_CONNECTIONS)
-    assert any(str(c.dst_addr) == f"::ffff:{rxe_ip}" for c in ib6)
+    assert not any(str(c.dst_addr) == f"::ffff:{rxe_ip}" for c in ib6)
 
 
 def test_get_mr_sockopts(rxe_ip: str, tcp_net: dict[str, str], sockets: list[Any]) -> None:
@@ -166,33 +167,6 @@ def test_rdma_use_once(rxe_ip: str, sockets: list[Any]) -> None:
     assert errno_of(lambda: p.b.setsockopt(SOL_RDS, SockOpt.RDS_FREE_MR, uapi.to_bytes(free))) == errno.EINVAL
 
 
-def test_atomic_fadd_cswp(rxe_ip: str, sockets: list[Any]) -> None:
-    p = Pair(rxe_ip, sockets, 5060)
-    bbuf, baddr = p.buffer()
-    _abuf, aaddr = p.buffer()
-    ctypes.memmove(baddr, struct.pack("=Q", 100), 8)
-    cookie = p.map_on_b(baddr, 4096)
-
-    def remote() -> int:
-        return int(struct.unpack_from("=Q", bbuf.raw)[0])
-
-    def local() -> int:
-        return int(ctypes.c_uint64.from_address(aaddr).value)
-
-    p.a.sendmsg([b"fadd"], [cmsg.atomic_fadd(cookie, aaddr, 0, 5, NOTIFY, 90)], 0, p.b_addr)
-    assert recv_full(p.b)[0] == b"fadd"
-    assert p.notification() == cmsg.RdmaNotify(90, RdmaStatus.SUCCESS)
-    assert (local(), remote()) == (100, 105)
-    p.a.sendmsg([b"cswp"], [cmsg.atomic_cswp(cookie, aaddr, 0, 105, 7, NOTIFY, 91)], 0, p.b_addr)
-    assert recv_full(p.b)[0] == b"cswp"
-    assert p.notification() == cmsg.RdmaNotify(91, RdmaStatus.SUCCESS)
-    assert (local(), remote()) == (105, 7)
-    p.a.sendmsg([b"miss"], [cmsg.atomic_cswp(cookie, aaddr, 0, 1, 9, NOTIFY, 92)], 0, p.b_addr)
-    assert recv_full(p.b)[0] == b"miss"
-    assert p.notification() == cmsg.RdmaNotify(92, RdmaStatus.SUCCESS)
-    assert (local(), remote()) == (7, 7)
-
-
 def test_rdma_cmsg_errnos(rxe_ip: str, sockets: list[Any]) -> None:
     p = Pair(rxe_ip, sockets, 5070)
     _abuf, aaddr = p.buffer()
@@ -209,23 +183,35 @@ def test_rdma_cmsg_errnos(rxe_ip: str, sockets: list[Any]) -> None:
     assert errno_of(lambda: p.a.sendmsg([b"x"], [bad_iov], 0, p.b_addr)) == errno.EFAULT
 
 
-def test_zz_masked_atomics(rxe_ip: str, sockets: list[Any]) -> None:
-    """Masked atomics (run last: a refused work request may reset the IB connection)."""
-    p = Pair(rxe_ip, sockets, 5080)
+def test_zz_atomics_on_rxe(rxe_ip: str, sockets: list[Any]) -> None:
+    """Atomics (FADD, CSWP, masked variants) over rdma_rxe. Runs last: on 6.1 + rxe the first atomic stalls
+    the IB connection: sendmsg accepts the message, but neither the message nor an RDMA_STATUS
+    notification arrives and the remote word is unchanged (RDS posts IB_WR_MASKED_ATOMIC_* work requests,
+    which soft-RoCE does not implement - our reading, not verified in the rxe sources). The builders'
+    layout is proven by tests/unit; the kernel accepts all four atomic cmsgs."""
+    p = Pair(rxe_ip, sockets, 5060)
     bbuf, baddr = p.buffer()
     _abuf, aaddr = p.buffer()
-    ctypes.memmove(baddr, struct.pack("=Q", 0xF0), 8)
+    ctypes.memmove(baddr, struct.pack("=Q", 100), 8)
     cookie = p.map_on_b(baddr, 4096)
-    anc = [cmsg.masked_atomic_fadd(cookie, aaddr, 0, 0x11, 0, NOTIFY, 95)]
-    err = errno_of(lambda: p.a.sendmsg([b"mfadd"], anc, 0, p.b_addr))
-    outcome: Any = err
-    if err is None:
-        try:
-            outcome = p.notification().status
-        except TimeoutError:
-            outcome = "timeout"
-    print("masked fadd outcome:", outcome, "remote now", hex(struct.unpack_from("=Q", bbuf.raw)[0]))
-    if outcome == RdmaStatus.SUCCESS:
-        assert struct.unpack_from("=Q", bbuf.raw)[0] == 0x101
-    else:
-        pytest.fail(f"masked fadd on rxe: {outcome!r}")
+
+    def remote() -> int:
+        return int(struct.unpack_from("=Q", bbuf.raw)[0])
+
+    assert p.a.sendmsg([b"fadd"], [cmsg.atomic_fadd(cookie, aaddr, 0, 5, NOTIFY, 90)], 0, p.b_addr) == 4
+    try:
+        data = recv_full(p.b, timeout=10)[0]
+    except TimeoutError:
+        data = None
+    if data is not None:  # a kernel/rxe that does atomics: check the full semantics
+        assert data == b"fadd"
+        assert p.notification() == cmsg.RdmaNotify(90, RdmaStatus.SUCCESS)
+        assert (ctypes.c_uint64.from_address(aaddr).value, remote()) == (100, 105)
+        pytest.fail("6.1 + rxe completed an atomic: update docs/kernel-vs-facts.md and this test")
+    assert remote() == 100
+    for anc in (
+        cmsg.atomic_cswp(cookie, aaddr, 0, 100, 7, NOTIFY, 91),
+        cmsg.masked_atomic_fadd(cookie, aaddr, 0, 0x11, 0xF0, NOTIFY, 92),
+        cmsg.masked_atomic_cswp(cookie, aaddr, 0, 100, 7, ~0 & (2**64 - 1), 0xFF, NOTIFY, 93),
+    ):
+        assert p.a.sendmsg([b"atomic"], [anc], 0, p.b_addr) == 6
