@@ -99,8 +99,11 @@ class RDSSocket(RDSSocketBase):
             ctl = self._ctl
             if ctl is None:
                 raise os_error(errno.EBADF)
-            rpc.send_record(ctl, rpc.encode((int(op), args)))
-            raw, fds = rpc.recv_record(ctl, want_fds)
+            try:
+                rpc.send_record(ctl, rpc.encode((int(op), args)))
+                raw, fds = rpc.recv_record(ctl, want_fds)
+            except (rpc.ConnectionClosed, BrokenPipeError, ConnectionResetError):
+                raise os_error(errno.EPIPE, "the pyrds stack service went away") from None
         if fds_out is not None:
             fds_out.extend(fds)
         code, result = rpc.decode(raw)
