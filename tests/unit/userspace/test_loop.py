@@ -313,3 +313,21 @@ def test_concurrent_first_sockets_start_one_stack() -> None:
     finally:
         for p in procs:
             p.communicate("\n", timeout=10)
+
+
+def test_asyncio_add_reader_sees_messages() -> None:
+    import asyncio
+
+    a, b = _pair()
+
+    async def main() -> bytes:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bytes] = loop.create_future()
+        loop.add_reader(a.fileno(), lambda: fut.done() or fut.set_result(a.recv(100)))
+        loop.call_later(0.05, b.sendto, b"async", ("127.0.0.1", 4000))
+        try:
+            return await asyncio.wait_for(fut, 5)
+        finally:
+            loop.remove_reader(a.fileno())
+
+    assert asyncio.run(main()) == b"async"
