@@ -47,42 +47,71 @@ SCENARIOS = [
 def _wait_listening(proc: subprocess.Popen[str], timeout: float) -> None:
     assert proc.stderr is not None
     end = time.monotonic() + timeout
+    seen: list[str] = []
     while time.monotonic() < end:
         line = proc.stderr.readline()
         if not line:
-            raise RuntimeError(f"passive side exited ({proc.poll()})")
+            time.sleep(0.5)
+            why = " | ".join(s.strip() for s in seen[-3:]) or "no output"
+            raise RuntimeError(f"passive side exited ({proc.poll()}): {why}")
         if "passive on" in line:
             return
+        seen.append(line)
     raise RuntimeError("passive side did not start")
 
 
+class Passive:
+    """One passive server per scenario (serves every cell: each active run says hello on a new socket)."""
+
+    def __init__(self, node: Node, backend: str, port: int) -> None:
+        if backend == "tcp":
+            cmd = [PY, str(HERE / "tcp_baseline.py"), "--passive", "-s", node.addr, "-p", str(port)]
+        else:
+            cmd = [
+                *CLI,
+                "stress",
+                "--passive",
+                "--json",
+                "--backend",
+                backend,
+                "-s",
+                node.addr,
+                "-p",
+                str(port),
+            ]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.out = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(
+            node.argv(cmd), stdout=self.out, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+        )
+        _wait_listening(self.proc, 120)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.out.close()
+
+
 def one_cell(
-    active: Node, passive: Node, ba: str, bp: str, size: int, mode: str, dur: float, port: int
+    active: Node, passive: Node, backend: str, size: int, mode: str, dur: float, port: int
 ) -> dict[str, Any]:
-    if bp == "tcp":
-        pcmd = [PY, str(HERE / "tcp_baseline.py"), "--passive", "--once", "-s", passive.addr, "-p", str(port)]
+    if backend == "tcp":
         acmd = [PY, str(HERE / "tcp_baseline.py"), "-s", active.addr, "-r", passive.addr, "-p", str(port)]
     else:
-        pcmd = [
-            *CLI,
-            "stress",
-            "--passive",
-            "--once",
-            "--json",
-            "--backend",
-            bp,
-            "-s",
-            passive.addr,
-            "-p",
-            str(port),
-        ]
         acmd = [
             *CLI,
             "stress",
             "--json",
             "--no-rows",
             "--backend",
-            ba,
+            backend,
             "-s",
             active.addr,
             "-r",
@@ -90,35 +119,20 @@ def one_cell(
             "-p",
             str(port),
             "-W",
-            "30",
+            "60",
         ]
     acmd += ["-q", str(size), "-T", str(dur)] + (["--one-way"] if mode == "oneway" else [])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with (
-        tempfile.TemporaryFile("w+") as pout,
-        tempfile.TemporaryFile("w+") as aout,
-        tempfile.TemporaryFile("w+") as aerr,
-    ):
-        srv = subprocess.Popen(
-            passive.argv(pcmd), stdout=pout, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
-        )
+    with tempfile.TemporaryFile("w+") as aout, tempfile.TemporaryFile("w+") as aerr:
+        cli = subprocess.Popen(active.argv(acmd), stdout=aout, stderr=aerr, text=True, env=env, cwd=ROOT)
         try:
-            _wait_listening(srv, 60)
-            cli = subprocess.Popen(active.argv(acmd), stdout=aout, stderr=aerr, text=True, env=env, cwd=ROOT)
-            try:
-                cli.wait(dur + 120)
-            except subprocess.TimeoutExpired:
-                cli.kill()
-                cli.wait()
-            aout.seek(0)
-            aerr.seek(0)
-            out, err = aout.read(), aerr.read()
-        finally:
-            try:
-                srv.wait(15)
-            except subprocess.TimeoutExpired:
-                srv.kill()
-                srv.wait()
+            cli.wait(dur + 300)
+        except subprocess.TimeoutExpired:
+            cli.kill()
+            cli.wait()
+        aout.seek(0)
+        aerr.seek(0)
+        out, err = aout.read(), aerr.read()
     try:
         doc: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -146,20 +160,35 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
             if args.only and not any(o in label for o in args.only):
                 continue
             a, p = topo[key]
-            for mode in args.modes:
-                for size in args.sizes:
-                    port += 1
-                    t0 = time.monotonic()
-                    doc = one_cell(a, p, ba, bp, size, mode, args.duration, port)
-                    row = {"scenario": label, "mode": mode, "size": size, **_pick(doc)}
-                    results.append(row)
-                    print(
-                        f"[bench] {label:22} {mode:6} {size:6} B: {row.get('msgs_per_s')} msgs/s "
-                        f"{row.get('mb_per_s')} MB/s p50 {row.get('p50_us')} p99 {row.get('p99_us')} "
-                        f"{row.get('error') or ''} ({time.monotonic() - t0:.0f} s)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            port += 1
+            try:
+                server: Passive | None = Passive(p, bp, port)
+                err = None
+            except RuntimeError as exc:
+                server, err = None, str(exc)
+            try:
+                for mode in args.modes:
+                    for size in args.sizes:
+                        t0 = time.monotonic()
+                        if server is not None and not server.alive():
+                            server, err = None, "passive side died"
+                        doc = (
+                            {"error": err}
+                            if server is None
+                            else one_cell(a, p, ba, size, mode, args.duration, port)
+                        )
+                        row = {"scenario": label, "mode": mode, "size": size, **_pick(doc)}
+                        results.append(row)
+                        print(
+                            f"[bench] {label:22} {mode:6} {size:6} B: {row.get('msgs_per_s')} msgs/s "
+                            f"{row.get('mb_per_s')} MB/s p50 {row.get('p50_us')} p99 {row.get('p99_us')} "
+                            f"{row.get('error') or ''} ({time.monotonic() - t0:.0f} s)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+            finally:
+                if server is not None:
+                    server.stop()
     finally:
         teardown([*kk, *uu, mk, mu])
     return {

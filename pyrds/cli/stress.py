@@ -244,7 +244,7 @@ class Task(threading.Thread):
         mono = time.monotonic
         while not self.stop.is_set():
             while len(sent_at) < depth:
-                send_retry(sock, payload, self.dest, mono() + REPLY_TIMEOUT, self.stop)
+                send_retry(sock, payload, self.dest, mono() + self.args.timeout, self.stop)
                 sent_at.append(mono())
                 st.sent += 1
             self._take_reply(sock, sent_at)
@@ -268,12 +268,14 @@ class Task(threading.Thread):
         st = self.stats
         mono = time.monotonic
         while not self.stop.is_set():
-            send_retry(sock, payload, self.dest, mono() + REPLY_TIMEOUT, self.stop)
+            send_retry(sock, payload, self.dest, mono() + self.args.timeout, self.stop)
             st.sent += 1
 
     def _finish(self, sock: RDSSocketBase) -> None:
-        send_retry(sock, control("fin"), self.dest, time.monotonic() + REPLY_TIMEOUT * 3, threading.Event())
-        end = time.monotonic() + REPLY_TIMEOUT * 3
+        send_retry(
+            sock, control("fin"), self.dest, time.monotonic() + self.args.timeout * 3, threading.Event()
+        )
+        end = time.monotonic() + self.args.timeout * 3
         while time.monotonic() < end:
             got = recv_wait(sock, end - time.monotonic())
             if got is None:
@@ -367,7 +369,7 @@ def _active(args: argparse.Namespace, local: str, peer: str) -> int:
         _sample_loop(args, tasks, stop, reporter, t0, cpu0)
         stop.set()
         for t in tasks:
-            t.join(REPLY_TIMEOUT * 4)
+            t.join(args.timeout * 4)
         elapsed = time.monotonic() - t0
         cpu = (cpu_seconds() - cpu0) / max(elapsed, 1e-9) * 100.0
     except KeyboardInterrupt:
