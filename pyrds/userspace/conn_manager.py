@@ -183,8 +183,7 @@ class ConnManager:
     def cancel(self, msg: Outgoing) -> None:
         for c in self.conns.values():
             for p in c.paths:
-                if p.pending.get(msg.seq) is msg:
-                    del p.pending[msg.seq]
+                p.cancel(msg)
 
     def reset_all(self) -> None:
         """Drop every TCP path (like writing net.rds.tcp.rds_tcp_sndbuf); owners reconnect and retransmit."""
@@ -194,7 +193,11 @@ class ConnManager:
                     p.drain_and_drop()
 
     def busy(self) -> bool:
-        return any(p.engine.queued_msgs or p.sock is not None for c in self.conns.values() for p in c.paths)
+        return any(
+            p.engine.queued_msgs or p.staged or p.sock is not None
+            for c in self.conns.values()
+            for p in c.paths
+        )
 
     def close(self) -> None:
         self.closed = True
@@ -225,6 +228,12 @@ class ConnManager:
             for p in c.paths:
                 src = p.engine.unsent + p.engine.unacked if kind == "send" else p.engine.unacked
                 rows.extend((m.seq, m.length, c.laddr, c.faddr, m.sport, m.dport, 0) for m in src)
+                if kind == "send":  # staged messages get the next sequence numbers when handed to the engine
+                    nxt = p.engine.next_tx_seq
+                    rows.extend(
+                        (nxt + i, len(m.payload), c.laddr, c.faddr, m.sport, m.dport, 0)
+                        for i, m in enumerate(p.staged)
+                    )
         return rows
 
     def info_tcp_sockets(self) -> list[tuple[Any, ...]]:

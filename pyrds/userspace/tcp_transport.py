@@ -15,6 +15,7 @@ import socket
 import struct
 import termios
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from pyrds.constants import RDS_MPATH_WORKERS
@@ -83,16 +84,32 @@ class TcpPath:
         self.pending: dict[int, Outgoing] = {}
         self.dial_scheduled = False
         self.ack_scheduled = False
+        self.staged: deque[Outgoing] = deque()
 
     @property
     def up(self) -> bool:
         return self.engine.state == PathState.UP
 
     def queue(self, msg: Outgoing) -> None:
+        if msg.sock_id and (not self.up or self.staged):
+            self.staged.append(msg)  # not on the wire yet: RDS_CANCEL_SENT_TO / close() can still drop it
+        else:
+            self._to_engine(msg)
+        self.kick()
+
+    def _to_engine(self, msg: Outgoing) -> None:
         msg.seq = self.engine.queue(msg.sport, msg.dport, msg.payload)
         if msg.sock_id:
             self.pending[msg.seq] = msg
-        self.kick()
+
+    def cancel(self, msg: Outgoing) -> None:
+        """Forget ``msg``: dropped if still staged; once in the engine it is sent but no longer accounted."""
+        for i, staged in enumerate(self.staged):
+            if staged is msg:
+                del self.staged[i]
+                return
+        if self.pending.get(msg.seq) is msg:
+            del self.pending[msg.seq]
 
     def kick(self) -> None:
         """Write what is queued, or get a connection."""
@@ -190,6 +207,8 @@ class TcpPath:
         if s is None or not self.up:
             return
         svc = self.conn.mgr.svc
+        while self.staged:
+            self._to_engine(self.staged.popleft())
         while True:
             if not self.outbuf:
                 self.outbuf = self.engine.bytes_to_send(WRITE_CHUNK)

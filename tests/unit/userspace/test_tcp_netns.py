@@ -41,6 +41,9 @@ for i in range(n):
             assert "10.77.0.9:" in out.stdout, out.stdout
         g = socket.create_connection(("10.77.0.9", port), source_address=("10.77.0.5", 0))
         g.sendall(b"\\xff" * 4096)
+s.settimeout(10)
+s.sendto(b"", ("10.77.0.9", 0))  # RDS ping: the peer's stack answers with an empty pong from port 0
+assert s.recvfrom(10) == (b"", ("10.77.0.9", 0))
 from pyrds.constants import InfoType
 c = {r.name: r.value for r in s.get_info(InfoType.RDS_INFO_COUNTERS)}
 print("sent", c["conn_reset"], flush=True)
@@ -114,25 +117,41 @@ _QRECV = """
 import sys, pyrds
 n = int(sys.argv[1]); s = pyrds.socket("userspace"); s.bind(("10.77.0.9", 5001)); s.settimeout(30)
 print("ready", flush=True)
-got = [int(s.recv(2048)[:8]) for _ in range(n)]
+got = [int(s.recv(2048)[:8]) for _ in range(n)]  # a canceled b"canceled" message would fail int()
 assert got == list(range(n)), got
+s.settimeout(1)
+try:
+    extra = s.recv(2048)
+    raise SystemExit(f"unexpected message {extra[:8]!r}")
+except TimeoutError:
+    pass
 print("ok", flush=True)
 """
 
 _QSEND = """
-import errno, select, socket, sys, pyrds
+import errno, select, socket, struct, sys, pyrds
+from pyrds.constants import SOL_RDS, SockOpt
+dest = ("10.77.0.9", 5001)
 s = pyrds.socket("userspace"); s.bind(("10.77.0.1", 0))
 s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)  # rds sndbuf = 8192 bytes
 s.setblocking(False)
-n = 0
-try:
-    while True:
-        s.sendto(b"%08d" % n + b"q" * 1016, ("10.77.0.9", 5001))
-        n += 1
-except OSError as e:
-    assert e.errno == errno.EAGAIN, e
-assert select.select([], [s], [], 0)[1] == [], "POLLOUT while the send queue is full"
-print("full", n, flush=True)
+
+def fill(tag):
+    n = 0
+    try:
+        while True:
+            s.sendto((b"%08d" % n if tag is None else tag) + b"q" * 1016, dest)
+            n += 1
+    except OSError as e:
+        assert e.errno == errno.EAGAIN, e
+    assert select.select([], [s], [], 0)[1] == [], "POLLOUT while the send queue is full"
+    return n
+
+fill(b"canceled")
+sin = struct.pack("=H", socket.AF_INET) + struct.pack("!H", dest[1]) + socket.inet_aton(dest[0]) + bytes(8)
+s.setsockopt(SOL_RDS, SockOpt.RDS_CANCEL_SENT_TO, sin)
+assert select.select([], [s], [], 0)[1] == [s], "no POLLOUT after RDS_CANCEL_SENT_TO"
+print("full", fill(None), flush=True)
 sys.stdin.readline()
 assert select.select([], [s], [], 30)[1] == [s], "no POLLOUT after the peer came up"
 print("writable", flush=True)
