@@ -51,6 +51,24 @@ def _read_frame(stream: BinaryIO) -> Any:
     return pickle.loads(data)
 
 
+def start_userspace_stack(timeout: float = 120.0) -> None:
+    """Make sure this namespace's userspace stack service runs (the client's own autostart waits 10 s, which a
+    cold start under QEMU TCG can exceed); retries socket creation, each retry re-spawning the service."""
+    import time
+
+    import pyrds
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            pyrds.socket("userspace").close()
+            return
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def _resolve(func: str) -> Callable[..., Any]:
     module, _, name = func.partition(":")
     fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
@@ -80,6 +98,8 @@ class _AgentServer:
     def op_socket(self, backend: str) -> int:
         import pyrds
 
+        if backend == "userspace" and not self.socks:
+            start_userspace_stack()
         sock = pyrds.socket(backend)  # type: ignore[arg-type]
         hid = self.next_id
         self.next_id += 1

@@ -61,6 +61,10 @@ def _probe(name: str) -> str | None:
     try:
         import pyrds
 
+        if name == "userspace":
+            from pyrds.testing.agent import start_userspace_stack
+
+            start_userspace_stack()
         pyrds.socket(name).close()  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - any failure to create a socket means unavailable
         return f"{name} backend cannot create a socket: {exc!r}"

@@ -91,9 +91,8 @@ class Node:
         ``rds_tcp_sndbuf`` (see :func:`pyrds.testing.workloads.userspace_force_reconnect`).
         """
         if self.backend == "kernel":
-            path = "/proc/sys/net/rds/tcp/rds_tcp_sndbuf"
-            value = self.agent.request("read_file", path).strip()
-            self.agent.request("write_file", path, value + "\n")
+            # any write resets the connections; 0 (the default, "auto") is refused on write (EINVAL)
+            self.agent.request("write_file", "/proc/sys/net/rds/tcp/rds_tcp_sndbuf", "4194304\n")
         else:
             jid = self.agent.request("job", "pyrds.testing.workloads:userspace_force_reconnect", [], {})
             self.agent.wait(jid, 60)

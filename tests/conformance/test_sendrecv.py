@@ -76,8 +76,7 @@ def test_recv_dontwait_empty_eagain(rds_socket_factory):
 
 def test_recv_dontwait_on_timeout_socket_follows_stdlib(rds_pair):
     """Python-level rule, as CPython's socket: a socket with a timeout polls first, so MSG_DONTWAIT on an
-    empty
-    queue raises TimeoutError after the timeout (not EAGAIN at once)."""
+    empty queue raises TimeoutError after the timeout (not EAGAIN at once)."""
     _a, b = rds_pair
     b.settimeout(0.3)
     with pytest.raises(TimeoutError):
