@@ -1,0 +1,51 @@
+"""The report command itself: divergence detection, accepted divergences, exit status."""
+
+from __future__ import annotations
+
+import json
+
+from pyrds.testing import report
+from pyrds.testing.report import Run, build
+
+
+def _runs():
+    return [
+        Run("m.py::t_same", "kernel", "passed", "a"),
+        Run("m.py::t_same", "userspace", "passed", "b"),
+        Run("m.py::t_diff", "kernel", "passed", "c"),
+        Run("m.py::t_diff", "userspace", "failed", "d", "assert 1 == 2"),
+        Run("m.py::t_obs", "kernel", "passed", "e", observations={"mask": "['POLLOUT']"}),
+        Run("m.py::t_obs", "userspace", "passed", "f", observations={"mask": "['POLLIN']"}),
+        Run("m.py::t_skip", "kernel", "skipped", "g", "no AF_RDS"),
+        Run("m.py::t_skip", "userspace", "failed", "h"),
+    ]
+
+
+def test_divergences_found_and_skips_not_compared():
+    rep = build(_runs(), [])
+    kinds = {(d["scenario"], d["kind"]) for d in rep["divergences"]}
+    assert kinds == {("m.py::t_diff", "outcome"), ("m.py::t_obs", "observation:mask")}
+    assert rep["unexplained"] == 2
+    assert rep["totals"]["kernel"] == {"passed": 3, "skipped": 1}
+
+
+def test_accepted_divergence():
+    rep = build(_runs(), [{"scenario": "m.py::t_obs", "reason": "documented"}])
+    acc = [d for d in rep["divergences"] if d["accepted"]]
+    assert [d["scenario"] for d in acc] == ["m.py::t_obs"] and acc[0]["reason"] == "documented"
+    assert rep["unexplained"] == 1
+
+
+def test_main_exit_status(tmp_path):
+    results = tmp_path / "r.json"
+    tests = [{"nodeid": r.nodeid, "outcome": r.outcome, "props": {"rds_scenario": r.scenario,
+              "rds_backend": r.backend, **{f"rds_obs.{k}": v for k, v in r.observations.items()}}}
+             for r in _runs()]
+    results.write_text(json.dumps({"tests": tests}))
+    accepted = tmp_path / "acc.toml"
+    accepted.write_text("")
+    assert report.main(["--results", str(results), "--accepted", str(accepted), "--out", str(tmp_path)]) == 1
+    accepted.write_text('[[divergence]]\nscenario = "m.py::t_*"\nreason = "known"\n')
+    assert report.main(["--results", str(results), "--accepted", str(accepted), "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "conformance-report.md").read_text()
+    assert "ACCEPTED: known" in md and "| `m.py::t_same` | pass | pass |" in md
