@@ -89,7 +89,7 @@ def client(addr: str, peer: str, port: int, transport: str, count: int, size: in
     dt = time.monotonic() - t0
     print(
         f"rds_echo: {count} x {size} B round trips over {transport} in {dt:.2f} s: "
-        f"{count / dt:.0f} msg/s, {2 * count * size / dt / 1e6:.1f} MB/s both ways"
+        f"{count / dt:.0f} msg/s, {2 * count * size / dt / 1e6:.2f} MB/s both ways"
     )
     return 0
 
