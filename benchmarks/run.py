@@ -81,10 +81,18 @@ class Passive:
             ]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.out = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(
-            node.argv(cmd), stdout=self.out, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
-        )
-        _wait_listening(self.proc, 120)
+        for attempt in range(3):
+            self.proc = subprocess.Popen(
+                node.argv(cmd), stdout=self.out, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+            )
+            try:
+                _wait_listening(self.proc, 120)
+                return
+            except RuntimeError as exc:
+                # a loaded TCG guest can take longer than the client's 10 s to start the stack service;
+                # the service keeps starting, so a second attempt finds it
+                if "did not start" not in str(exc) or attempt == 2:
+                    raise
 
     def alive(self) -> bool:
         return self.proc.poll() is None
