@@ -55,7 +55,8 @@ def userspace_node(node: Node, peer_port: int) -> None:
         {
             "PYRDS_TCP_PORT": str(USERSPACE_PORT),
             "PYRDS_TCP_PEER_PORT": str(peer_port),
-            "PYRDS_IDLE_EXIT": "30",
+            "PYRDS_IDLE_EXIT": "60",
+            "PYRDS_STACK_LOG": f"/tmp/pyrds-stack-{node.ns}.log",
         }
     )
     rules = (
