@@ -92,7 +92,9 @@ class Passive:
                 # a loaded TCG guest can take longer than the client's 10 s to start the stack service;
                 # the service keeps starting, so a second attempt finds it
                 if "did not start" not in str(exc) or attempt == 2:
-                    raise
+                    log = Path(node.env.get("PYRDS_STACK_LOG", "/nonexistent"))
+                    tail = log.read_text(errors="replace").strip().splitlines()[-2:] if log.exists() else []
+                    raise RuntimeError(f"{exc} {' | '.join(tail)}".strip()) from None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
