@@ -68,6 +68,7 @@ def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
         "Mixed rows: the userspace node's stack listens on 16386 (the kernel's rds_tcp owns 16385 in every",
         "netns) with an nftables `tcp dport 16385 redirect to :16386` so kernel dials reach it.",
         "CPU % in the raw JSON is the client process only (the userspace stack runs in its own process).",
+        *([f"**Note:** {data['note']}"] if data.get("note") else []),
         "",
         "## Request/response (depth 1, reply 0 B)",
         "",

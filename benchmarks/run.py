@@ -276,6 +276,7 @@ def host_phase(args: argparse.Namespace) -> int:
         return 1
     if accel:
         data["machine"] += f"; QEMU guest, accel {accel}"
+    data["note"] = args.note or f"host 1-min load average at the end of the run: {os.getloadavg()[0]:.1f}"
     Path(args.save_json).write_text(json.dumps(data, indent=1))
     write_report(data, Path(args.out), Path(args.png))
     print(f"wrote {args.out}, {args.png} and {args.save_json}", file=sys.stderr)
@@ -293,10 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     ap.add_argument("--png", default=str(ROOT / "docs" / "benchmarks.png"))
     ap.add_argument("--save-json", default=str(ROOT / "benchmarks" / "results.json"))
+    ap.add_argument("--note", help="a remark printed in the report (e.g. what else loaded the host)")
     ap.add_argument("--vm-timeout", type=float, default=3000.0)
     args = ap.parse_args(argv)
     if args.from_json:
-        write_report(json.loads(Path(args.from_json).read_text()), Path(args.out), Path(args.png))
+        data = json.loads(Path(args.from_json).read_text())
+        if args.note:
+            data["note"] = args.note
+        write_report(data, Path(args.out), Path(args.png))
         return 0
     if args.guest:
         data = guest_phase(args)
