@@ -1,9 +1,8 @@
 """Receive-buffer congestion, ENOBUFS, RDS_CONG_MONITOR notifications and recovery (cong.c, recv.c).
 
 Kernel 6.1 (verified in the guest): on a single node nothing ever congests - the loop transport "doesn't
-send/recv congestion updates", even for a receiver bound with SO_RDS_TRANSPORT=TCP on 127.0.0.1
-(the connection
-is still loop). Congestion is therefore exercised between two namespaces over RDS/TCP.
+send/recv congestion updates", even for a receiver bound with SO_RDS_TRANSPORT=TCP on 127.0.0.1 (the
+connection is still loop). Congestion is therefore exercised between two namespaces over RDS/TCP.
 """
 
 from __future__ import annotations
