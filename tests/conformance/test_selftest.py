@@ -63,7 +63,11 @@ def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, im
     assert counters["conn_reset"] >= 1
     # like the selftest: every info table can be read after the run
     unreadable = {}
-    skip = (InfoType.RDS_INFO_IB_CONNECTIONS, InfoType.RDS6_INFO_IB_CONNECTIONS, InfoType.RDS_INFO_IWARP_CONNECTIONS)
+    skip = (
+        InfoType.RDS_INFO_IB_CONNECTIONS,
+        InfoType.RDS6_INFO_IB_CONNECTIONS,
+        InfoType.RDS_INFO_IWARP_CONNECTIONS,
+    )
     for t in InfoType:
         if t in skip:
             continue
