@@ -73,13 +73,21 @@ def _junit_runs(path: Path) -> list[Run]:
                 outcome = {"failure": "failed", "error": "failed", "skipped": "skipped"}[tag]
                 if tag == "skipped" and (el.get("type") == "pytest.xfail"):
                     outcome = "xfailed"
-                detail = (el.get("message") or (el.text or ""))[:500]
+                detail = (el.get("message") or _summary(el.text or ""))[:500]
                 if tag != "skipped":
                     break
         nodeid = f"{case.get('classname', '')}::{case.get('name', '')}"
         obs = {k[len("rds_obs.") :]: v for k, v in props.items() if k.startswith("rds_obs.")}
         runs.append(Run(props["rds_scenario"], props["rds_backend"], outcome, nodeid, detail, obs))
     return runs
+
+
+def _summary(longrepr: str) -> str:
+    """The ``E   ...`` lines of a pytest failure (what was asserted and seen), else its last line."""
+    lines = [ln[1:].strip() for ln in longrepr.splitlines() if ln.startswith("E ")]
+    if not lines:
+        lines = [ln for ln in longrepr.splitlines() if ln.strip()][-1:]
+    return " / ".join(lines[:4])
 
 
 def _json_runs(path: Path) -> list[Run]:
@@ -90,7 +98,7 @@ def _json_runs(path: Path) -> list[Run]:
         if "rds_scenario" not in props:
             continue
         obs = {k[len("rds_obs.") :]: v for k, v in props.items() if k.startswith("rds_obs.")}
-        detail = t.get("reason") or t.get("longrepr", "")
+        detail = t.get("reason") or _summary(t.get("longrepr", ""))
         runs.append(
             Run(
                 props["rds_scenario"], props["rds_backend"], t["outcome"], t["nodeid"], str(detail)[:500], obs
