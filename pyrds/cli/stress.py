@@ -32,6 +32,7 @@ from pyrds.cli.common import (
     sockaddr,
 )
 from pyrds.cli.stress_proto import (
+    Stopped,
     StressError,
     control,
     parse_control,
@@ -243,10 +244,13 @@ class Task(threading.Thread):
         sent_at: deque[float] = deque()
         mono = time.monotonic
         while not self.stop.is_set():
-            while len(sent_at) < depth:
-                send_retry(sock, payload, self.dest, mono() + self.args.timeout, self.stop)
-                sent_at.append(mono())
-                st.sent += 1
+            try:
+                while len(sent_at) < depth:
+                    send_retry(sock, payload, self.dest, mono() + self.args.timeout, self.stop)
+                    sent_at.append(mono())
+                    st.sent += 1
+            except Stopped:
+                break
             self._take_reply(sock, sent_at)
         while sent_at:  # drain what is still outstanding
             self._take_reply(sock, sent_at)
@@ -268,7 +272,10 @@ class Task(threading.Thread):
         st = self.stats
         mono = time.monotonic
         while not self.stop.is_set():
-            send_retry(sock, payload, self.dest, mono() + self.args.timeout, self.stop)
+            try:
+                send_retry(sock, payload, self.dest, mono() + self.args.timeout, self.stop)
+            except Stopped:
+                return
             st.sent += 1
 
     def _finish(self, sock: RDSSocketBase) -> None:

@@ -32,6 +32,10 @@ class StressError(Exception):
     """A run failed (peer silent, send error); printed as one line."""
 
 
+class Stopped(Exception):
+    """The run ended while a send was waiting for space: that message was not sent (normal end)."""
+
+
 def control(op: str, **fields: Any) -> bytes:
     return MAGIC + json.dumps({"op": op, **fields}).encode()
 
@@ -75,7 +79,9 @@ def send_retry(sock: RDSSocketBase, data: bytes, addr: Any, deadline: float, sto
         except OSError as exc:
             if exc.errno not in RETRY_ERRNOS:
                 raise
-        if stop.is_set() or time.monotonic() > deadline:
+        if stop.is_set():
+            raise Stopped
+        if time.monotonic() > deadline:
             raise StressError("send stalled: the peer is not draining (congested or unreachable)")
         if not wait_fd(sock, selectors.EVENT_WRITE, 0.05):
             continue
@@ -144,7 +150,10 @@ def serve(sock: RDSSocketBase, once: bool, as_json: bool, out: Any = None) -> in
                     reply = acks.get(peer.ack)
                     if reply is None:
                         reply = acks.setdefault(peer.ack, bytes(peer.ack))
-                    send_retry(sock, reply, addr, time.monotonic() + 30.0, stop)
+                    try:
+                        send_retry(sock, reply, addr, time.monotonic() + 30.0, stop)
+                    except Stopped:
+                        break
                 continue
             ctl = parse_control(data)
             if ctl is None:
