@@ -256,7 +256,7 @@ class Task(threading.Thread):
             self._take_reply(sock, sent_at)
 
     def _take_reply(self, sock: RDSSocketBase, sent_at: deque[float]) -> None:
-        got = recv_wait(sock, self.args.timeout)
+        got = recv_wait(sock, self.args.timeout, self.args.ack_size + 4096)
         if got is None:
             raise StressError(f"no reply from {self.dest[0]}:{self.dest[1]} for {self.args.timeout:g} s")
         if got[0].startswith(b"\xfe"):

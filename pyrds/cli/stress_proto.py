@@ -90,12 +90,12 @@ def send_retry(sock: RDSSocketBase, data: bytes, addr: Any, deadline: float, sto
         backoff = min(backoff * 2, 0.02)
 
 
-def recv_wait(sock: RDSSocketBase, timeout: float) -> tuple[bytes, Any] | None:
+def recv_wait(sock: RDSSocketBase, timeout: float, bufsize: int = RECV_BUF) -> tuple[bytes, Any] | None:
     """One message from a non-blocking socket, or None after ``timeout`` seconds."""
     end = time.monotonic() + timeout
     while True:
         try:
-            data, _anc, _flags, addr = sock.recvmsg(RECV_BUF)
+            data, _anc, _flags, addr = sock.recvmsg(bufsize)
             return data, addr
         except BlockingIOError:
             pass
@@ -129,11 +129,12 @@ def serve(sock: RDSSocketBase, once: bool, as_json: bool, out: Any = None) -> in
     peers: dict[Any, _Peer] = {}
     acks: dict[int, bytes] = {}
     finished = 0
+    bufsize = 4096
     sock.setblocking(False)
     try:
         while not stop.is_set():
             try:
-                data, _anc, _flags, addr = sock.recvmsg(RECV_BUF)
+                data, _anc, _flags, addr = sock.recvmsg(bufsize)
             except BlockingIOError:
                 wait_fd(sock, selectors.EVENT_READ, 0.2)
                 continue
@@ -162,6 +163,7 @@ def serve(sock: RDSSocketBase, once: bool, as_json: bool, out: Any = None) -> in
             if op == "hello":
                 mode = "rr" if ctl.get("mode") == "rr" else "oneway"
                 peers[addr] = _Peer(mode, max(0, int(ctl.get("ack", 0))), time.monotonic())
+                bufsize = max(bufsize, min(RECV_BUF, int(ctl.get("size", 0)) + 64))
                 send_retry(sock, control("ready"), addr, time.monotonic() + 10.0, stop)
             elif op == "fin" and addr in peers:
                 p = peers.pop(addr)
