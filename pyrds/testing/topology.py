@@ -170,7 +170,11 @@ class TwoNodes:
         """Apply ``tc qdisc ... netem <spec>`` on both veth ends (e.g. ``loss 5% corrupt 5% duplicate
         5%``)."""
         for n in self.nodes:
-            n.sh("tc", "qdisc", "replace", "dev", n.ifname, "root", "netem", *spec.split())
+            res = n.sh("tc", "qdisc", "replace", "dev", n.ifname, "root", "netem", *spec.split(), check=False)
+            if res.returncode != 0:
+                if "unknown" in res.stderr.lower():
+                    raise NetemUnavailable(f"kernel has no sch_netem: {res.stderr.strip()}")
+                raise RuntimeError(f"tc netem on {n.ifname} in {n.netns} failed: {res.stderr.strip()}")
 
     def clear_netem(self) -> None:
         for n in self.nodes:
