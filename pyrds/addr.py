@@ -1,8 +1,8 @@
 """Address handling shared by both backends.
 
 RDS addresses look like the stdlib's: ``(host, port)`` for IPv4 and ``(host, port, flowinfo, scope_id)`` for
-IPv6 (a 2-tuple with an IPv6 host is accepted). Validation raises TypeError/ValueError, never OSError, so that bad
-Python arguments are refused before any system call.
+IPv6 (a 2-tuple with an IPv6 host is accepted). Validation raises TypeError/ValueError, never OSError, so
+that bad Python arguments are refused before any system call.
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ class RDSAddress:
 def parse_address(address: Any) -> RDSAddress:
     """Parse a user-supplied address tuple; TypeError/ValueError on malformed input."""
     if not isinstance(address, tuple):
-        raise TypeError(f"RDS address must be a tuple (host, port[, flowinfo, scope_id]), not {type(address).__name__}")
+        raise TypeError(
+            f"RDS address must be a tuple (host, port[, flowinfo, scope_id]), not {type(address).__name__}"
+        )
     if len(address) not in (2, 4):
         raise TypeError("RDS address must be (host, port) or (host, port, flowinfo, scope_id)")
     host, port = address[0], address[1]

@@ -56,7 +56,9 @@ class RDSSocketBase(abc.ABC):
     ) -> int: ...
 
     @abc.abstractmethod
-    def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> tuple[bytes, AncData, int, Any]: ...
+    def recvmsg(
+        self, bufsize: int, ancbufsize: int = 0, flags: int = 0
+    ) -> tuple[bytes, AncData, int, Any]: ...
 
     def send(self, data: bytes | bytearray | memoryview, flags: int = 0) -> int:
         return self.sendmsg([data], (), flags, None)
