@@ -48,6 +48,7 @@ class RunConfig:
     pythonpath: str | None = None
     modules: str | None = None
     keep_results: bool = False
+    copy_out: str | None = None  # copy guest A's results directory (``{results}``) here afterwards
     verbose: bool = False
 
 
@@ -271,6 +272,8 @@ def run(cfg: RunConfig) -> RunResult:
             shutil.copyfile(src, cfg.junit)
         else:
             messages.append(f"no JUnit XML produced (expected {src}); --junit {cfg.junit} not written")
+    if cfg.copy_out:
+        shutil.copytree(os.path.join(results, "a"), cfg.copy_out, dirs_exist_ok=True)
     if "b" in guests:
         rc_b = _read_rc(os.path.join(results, "b", "rc"))
         messages.append(f"peer agent (guest B) exit status: {rc_b}")
