@@ -68,22 +68,25 @@ def test_junit_is_copied_back(tmp_path: Path) -> None:
     assert 'tests="1"' in xml and 'failures="0"' in xml
 
 
-def test_two_guests_rds_echo() -> None:
+@pytest.mark.parametrize("transport", ["ib", "tcp"])
+def test_two_guests_rds_echo(transport: str) -> None:
+    """RDS between two guests joined by a QEMU socket netdev: IB over rdma_rxe, and RDS/TCP, pinned with
+    SO_RDS_TRANSPORT on both ends (the echo client fails on any lost or corrupted round trip)."""
     res = _vm(
         "--topology",
         "two-guests",
         "--peer-cmd",
-        "python3 -m vm.rds_echo serve --transport ib",
+        f"python3 -m vm.rds_echo serve --transport {transport}",
         "--",
         "python3",
         "-m",
         "vm.rds_echo",
         "client",
         "--transport",
-        "ib",
+        transport,
         "--count",
         "50",
         timeout=1200,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "round trips over ib" in res.stdout
+    assert f"round trips over {transport}" in res.stdout
