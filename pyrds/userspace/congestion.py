@@ -13,7 +13,7 @@ from pyrds.addr import IPAddress
 from pyrds.constants import cong_monitor_mask
 from pyrds.userspace.ports import normalize
 from pyrds.userspace.proto.cong import CongestionMap
-from pyrds.userspace.sockstate import SockState
+from pyrds.userspace.sockstate import CongGeneration, SockState
 
 ALL_PORTS = (1 << 64) - 1
 
@@ -23,6 +23,10 @@ class CongestionTable:
         self._maps: dict[IPAddress, CongestionMap] = {}
         self._counters = counters
         self.monitors: dict[int, SockState] = {}
+        #: rds_cong_generation of this stack (the kernel's is global to the host)
+        self.generation = CongGeneration()
+        #: sockets with rs_seen_congestion (the kernel's rds_poll_waitq sleepers): woken on every map update
+        self.waiters: dict[int, SockState] = {}
         #: called with the local address whose map changed (the stack queues the updates)
         self.on_local_change: Callable[[IPAddress], None] = lambda addr: None
 
@@ -46,24 +50,55 @@ class CongestionTable:
         self.on_local_change(normalize(addr))
 
     def replace_remote(self, addr: IPAddress, new: CongestionMap) -> int:
-        """A peer's bitmap arrived: replace our copy; returns the uncongested-port mask."""
-        old = self.map_for(addr)
+        """A peer's bitmap arrived over TCP: replace our copy; returns the port mask for
+        :meth:`map_updated`: ``~0`` like rds_tcp_cong_recv (only IB computes the uncongested ports)."""
+        self._maps[normalize(addr)] = new
+        return ALL_PORTS
+
+    @staticmethod
+    def uncongested_mask(old: CongestionMap, new: CongestionMap) -> int:
+        """The mask IB's rds_ib_cong_recv would pass: ports congested in ``old`` and clear in ``new``."""
         mask = 0
         for port in CongestionMap.changed_ports(old, new):
             if old.test(port) and not new.test(port):
                 mask |= cong_monitor_mask(port)
-        self._maps[normalize(addr)] = new
         return mask
 
     def map_updated(self, portmask: int, wake: Callable[[SockState], None]) -> None:
-        """rds_cong_map_updated: tell RDS_CONG_MONITOR sockets about ports they waited on."""
+        """rds_cong_map_updated: bump the generation (historical POLLIN), wake the sockets that saw
+        congestion, move monitored ports in ``portmask`` from rs_cong_mask to rs_cong_notify."""
         self._counters["cong_update_received"] += 1
+        self.generation.value += 1
+        for rs in list(self.waiters.values()):
+            wake(rs)
         if not portmask:
             return
         for rs in list(self.monitors.values()):
             rs.cong_notify |= rs.cong_mask & portmask
+            rs.cong_mask &= ~portmask
             if rs.cong_notify:
                 wake(rs)
+
+    def saw_congestion(self, rs: SockState) -> None:
+        """rds_sendmsg: ``rs->rs_seen_congestion = 1`` after rds_cong_wait failed."""
+        rs.seen_congestion = True
+        self.waiters[rs.sock_id] = rs
+
+    def look(self, rs: SockState) -> None:
+        """The socket looks at the generation (the kernel does it in rds_poll; the userspace stack, whose
+        readiness fd cannot see polls, on the socket's next send/recv): the historical POLLIN is consumed."""
+        if not rs.cong_updated_since():
+            return
+        visible = rs.hist_pollin()
+        rs.cong_track = self.generation.value
+        if visible:
+            # rds_poll returned a mask: rs_seen_congestion = 0
+            rs.seen_congestion = False
+            self.waiters.pop(rs.sock_id, None)
+            rs.update_readiness()
+
+    def forget(self, rs: SockState) -> None:
+        self.waiters.pop(rs.sock_id, None)
 
     def monitor(self, rs: SockState, on: bool) -> None:
         rs.cong_monitor = on
@@ -73,6 +108,7 @@ class CongestionTable:
             self.monitors.pop(rs.sock_id, None)
             rs.cong_mask = 0
             rs.cong_notify = 0
+        rs.update_readiness()
 
     def local_maps(self, addrs: Iterable[IPAddress]) -> dict[IPAddress, CongestionMap]:
         return {a: self.map_for(a) for a in addrs}

@@ -1,6 +1,14 @@
-"""RDS_INFO_COUNTERS-compatible statistics (names as the kernel's rds_stat_names / rds_tcp_stat_names)."""
+"""RDS_INFO_COUNTERS-compatible statistics.
+
+RDS_INFO_COUNTERS lists exactly the 6.1 kernel's ``rds_stat_names`` (net/rds/stats.c) followed by the TCP
+transport's ``rds_tcp_stat_names`` (net/rds/tcp_stats.c), in the kernel's order. The stack also keeps a few
+userspace-only counters (:data:`EXTRA_NAMES`); they are not in RDS_INFO_COUNTERS (the kernel has no such
+names) but can be read with :func:`stack_counters` (the private getsockopt :data:`PYRDS_INFO_STACK_COUNTERS`).
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 KERNEL_NAMES = (
     "conn_reset",
@@ -36,10 +44,9 @@ KERNEL_NAMES = (
     "cong_update_received",
     "cong_send_error",
     "cong_send_blocked",
-    "recv_bytes_added_to_socket",
-    "recv_bytes_removed_from_socket",
+    "recv_bytes_added_to_sock",
+    "recv_bytes_freed_fromsock",
     "send_stuck_rm",
-    "mprds_catchup_tx0_retries",
 )
 TCP_NAMES = (
     "tcp_data_ready_calls",
@@ -48,9 +55,29 @@ TCP_NAMES = (
     "tcp_connect_raced",
     "tcp_listen_closed_stale",
 )
-#: userspace-only counters (no kernel equivalent)
+#: what RDS_INFO_COUNTERS reports, in this order
+INFO_NAMES = (*KERNEL_NAMES, *TCP_NAMES)
+#: userspace-only counters (no kernel equivalent): only in :func:`stack_counters`
 EXTRA_NAMES = ("tcp_protocol_error", "tcp_accept_refused", "recv_drop_dup", "send_canceled")
+#: SOL_RDS getsockopt of the userspace stack (outside RDS_INFO_FIRST..LAST; the kernel says ENOPROTOOPT):
+#: every counter, RDS_INFO_COUNTERS records (``struct rds_info_counter``) including :data:`EXTRA_NAMES`
+PYRDS_INFO_STACK_COUNTERS = 10900
 
 
 def new_counters() -> dict[str, int]:
-    return dict.fromkeys((*KERNEL_NAMES, *TCP_NAMES, *EXTRA_NAMES), 0)
+    return dict.fromkeys((*INFO_NAMES, *EXTRA_NAMES), 0)
+
+
+def info_counters(counters: dict[str, int]) -> list[tuple[str, int]]:
+    """The RDS_INFO_COUNTERS rows: the kernel's names only, in the kernel's order."""
+    return [(name, counters.get(name, 0)) for name in INFO_NAMES]
+
+
+def stack_counters(sock: Any) -> dict[str, int]:
+    """Every counter of the userspace stack serving ``sock`` (a ``pyrds.userspace.RDSSocket``), including the
+    userspace-only ones."""
+    from pyrds import info
+    from pyrds.constants import SOL_RDS, InfoType
+
+    raw = sock.getsockopt(SOL_RDS, PYRDS_INFO_STACK_COUNTERS, 1 << 20)
+    return info.counters_dict(info.parse_info(InfoType.RDS_INFO_COUNTERS, raw))

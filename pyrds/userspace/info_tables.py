@@ -9,6 +9,7 @@ from typing import Any
 from pyrds import info
 from pyrds.addr import IPAddress
 from pyrds.constants import InfoConnectionFlag, InfoMessageFlag, InfoType
+from pyrds.userspace.counters import PYRDS_INFO_STACK_COUNTERS, info_counters
 from pyrds.userspace.stack import Stack, StackError
 
 _ANY4 = ipaddress.IPv4Address(0)
@@ -47,12 +48,14 @@ _NOFLAG = InfoMessageFlag(0)
 
 
 def records(stack: Stack, info_type: int) -> list[Any]:
+    if info_type == PYRDS_INFO_STACK_COUNTERS:
+        return [info.InfoCounter(k, v) for k, v in stack.counters.items()]
     if info_type not in _SUPPORTED:
         raise StackError(errno.ENOPROTOOPT)
     t = InfoType(info_type)
     v6 = t in _V6
     if t == InfoType.RDS_INFO_COUNTERS:
-        return [info.InfoCounter(k, v) for k, v in stack.counters.items()]
+        return [info.InfoCounter(k, v) for k, v in info_counters(stack.counters)]
     if t in (InfoType.RDS_INFO_SOCKETS, InfoType.RDS6_INFO_SOCKETS):
         out: list[Any] = []
         for rs in stack.socks.values():
@@ -156,6 +159,8 @@ def records(stack: Stack, info_type: int) -> list[Any]:
 def table_bytes(stack: Stack, info_type: int, buflen: int) -> tuple[bytes, int]:
     """(bytes, record size). The caller raises ENOSPC when ``len(bytes) > buflen`` (rds_info_getsockopt)."""
     recs = records(stack, info_type)
+    if info_type == PYRDS_INFO_STACK_COUNTERS:
+        info_type = InfoType.RDS_INFO_COUNTERS
     each = info.record_size(info_type)
     raw = info.encode_info(info_type, recs)
     if info_type == InfoType.RDS_INFO_SOCKETS and buflen < len(stack.socks) * each:

@@ -1,23 +1,101 @@
 """The readiness fd: a real file descriptor whose poll state mirrors an RDS socket's (service side).
 
-The service creates ``socketpair(AF_UNIX, SOCK_STREAM)`` A<->B and hands A to the client as ``fileno()``.
-POLLIN on A: the service keeps one byte queued B->A while the socket has messages/notifications, and reads it
-back from A when the queue empties. POLLOUT on A: while the socket's queued send bytes are >= sndbuf/2 the
-service fills A's (tiny) send buffer so A is not writable, and drains B to make A writable again. The service
-only uses MSG_DONTWAIT so the file status flags the client shares are never touched.
+The service makes a connected pair A<->B and hands A to the client as ``fileno()``; the client only polls it.
+rds_poll reports POLLIN|POLLRDNORM and POLLOUT|POLLWRNORM (never POLLWRBAND for these), so A is, when the
+namespace has a working loopback, a **TCP** socket over 127.0.0.1 (tcp_poll: exactly those bits); an AF_UNIX
+socketpair (unix_poll adds POLLWRBAND to POLLOUT) is the fallback.
+
+POLLIN on A: the service keeps one byte queued B->A while the socket is readable, and reads it back from A
+when it is not. POLLOUT on A, TCP: B never reads and its receive buffer is tiny, so a few KiB written into A
+at setup stay queued in A for good; A's SO_SNDBUF then decides tcp_poll's writability (large: POLLOUT;
+minimum: none), set while queued send bytes are >= sndbuf/2. AF_UNIX: A's tiny send buffer is filled to
+remove POLLOUT and B is drained to restore it. The service only uses MSG_DONTWAIT on A so the file status
+flags it shares with the client are never touched.
 """
 
 from __future__ import annotations
 
+import select
 import socket
 
 _NB = socket.MSG_DONTWAIT
+_STUCK = 16384  # bytes parked in A (B's window is closed): tcp_poll's writability follows A's SO_SNDBUF
+_BIG_SNDBUF = 1 << 20  # capped by net.core.wmem_max; far above the parked bytes
+_TIMEOUT = 2.0
+
+_listener: socket.socket | None = None
+_tcp_broken = False
+
+
+def _poll(sock: socket.socket, events: int, timeout_ms: int) -> int:
+    p = select.poll()
+    p.register(sock.fileno(), events)
+    res = p.poll(timeout_ms)
+    return res[0][1] if res else 0
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """A (client side, blocking mode, writable) and B (service side, non-blocking); OSError if unusable."""
+    global _listener
+    if _listener is None:
+        lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            lst.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # accepted sockets: a tiny receive window
+            lst.bind(("127.0.0.1", 0))
+            lst.listen(64)
+            lst.settimeout(_TIMEOUT)
+        except OSError:
+            lst.close()
+            raise
+        _listener = lst
+    a = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    b: socket.socket | None = None
+    try:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BIG_SNDBUF)
+        a.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        a.settimeout(_TIMEOUT)
+        a.connect(_listener.getsockname())
+        me = a.getsockname()
+        while b is None:
+            conn, peer = _listener.accept()
+            if peer == me:
+                b = conn
+            else:
+                conn.close()  # somebody else's connection to our listener
+        b.setblocking(False)
+        b.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        a.settimeout(None)  # blocking file status, as the client expects; we use MSG_DONTWAIT
+        left = _STUCK
+        while left > 0:
+            left -= a.send(b"\0" * left, _NB)
+        # check tcp_poll follows SO_SNDBUF (e.g. a low net.ipv4.tcp_notsent_lowat would break it)
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)
+        if _poll(a, select.POLLOUT, 0) & select.POLLOUT:
+            raise OSError("parked bytes do not make the readiness socket unwritable")
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BIG_SNDBUF)
+        if not _poll(a, select.POLLOUT, 0) & select.POLLOUT:
+            raise OSError("readiness socket not writable with a large SO_SNDBUF")
+    except BaseException:
+        a.close()
+        if b is not None:
+            b.close()
+        raise
+    return a, b
 
 
 class Readiness:
     def __init__(self) -> None:
-        self.a, self.b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # clamps to SOCK_MIN_SNDBUF
+        global _tcp_broken
+        self.tcp = False
+        if not _tcp_broken:
+            try:
+                self.a, self.b = _tcp_pair()
+                self.tcp = True
+            except OSError:
+                _tcp_broken = True  # no loopback (or odd sysctls) in this namespace: AF_UNIX from now on
+        if not self.tcp:
+            self.a, self.b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # clamps to SOCK_MIN_SNDBUF
         self.readable = False
         self.writable = True
 
@@ -31,6 +109,8 @@ class Readiness:
         try:
             if flag:
                 self.b.send(b"r", _NB)
+                if self.tcp and not _poll(self.a, select.POLLIN, 0):
+                    _poll(self.a, select.POLLIN, 100)  # loopback delivery deferred to ksoftirqd
             else:
                 while self.a.recv(4096, _NB):
                     pass
@@ -43,12 +123,14 @@ class Readiness:
         if flag == self.writable:
             return
         self.writable = flag
-        chunk = b"w" * 4096
         try:
-            if flag:
+            if self.tcp:
+                self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BIG_SNDBUF if flag else 1)
+            elif flag:
                 while self.b.recv(65536, _NB):
                     pass
             else:
+                chunk = b"w" * 4096
                 while True:
                     self.a.send(chunk, _NB)
         except (BlockingIOError, InterruptedError):

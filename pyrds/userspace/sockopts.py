@@ -10,6 +10,7 @@ import struct
 from pyrds.constants import RDS_INFO_FIRST, RDS_INFO_LAST, SOL_RDS, SockOpt, Transport
 from pyrds.userspace import info_tables
 from pyrds.userspace.config import SOCK_MIN_RCVBUF, SOCK_MIN_SNDBUF
+from pyrds.userspace.counters import PYRDS_INFO_STACK_COUNTERS
 from pyrds.userspace.sockstate import SockState
 from pyrds.userspace.stack import Stack, StackError
 
@@ -143,7 +144,7 @@ def getsockopt(stack: Stack, rs: SockState, level: int, optname: int, buflen: in
         return _ret(table[optname], buflen)
     if level != SOL_RDS:
         raise StackError(errno.ENOPROTOOPT)
-    if RDS_INFO_FIRST <= optname <= RDS_INFO_LAST:
+    if RDS_INFO_FIRST <= optname <= RDS_INFO_LAST or optname == PYRDS_INFO_STACK_COUNTERS:
         raw, each = info_tables.table_bytes(stack, optname, buflen)
         if len(raw) > buflen:
             err = StackError(errno.ENOSPC)

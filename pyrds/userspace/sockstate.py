@@ -14,6 +14,15 @@ from pyrds.userspace.readiness import Readiness
 _inum = itertools.count(1000)
 
 
+class CongGeneration:
+    """``rds_cong_generation``: bumped by every congestion-map update (rds_cong_map_updated) of the stack."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
 @dataclass(slots=True)
 class Incoming:
     """A received message queued on a socket (``struct rds_incoming``)."""
@@ -69,6 +78,11 @@ class SockState:
     cong_monitor: bool = False
     cong_mask: int = 0
     cong_notify: int = 0
+    #: rs_cong_track: the generation this socket last looked at (see :meth:`hist_pollin`)
+    cong_track: int = 0
+    cong_gen: CongGeneration | None = None
+    #: rs_seen_congestion: a send failed on a congested port since the historical POLLIN was last seen
+    seen_congestion: bool = False
     recverr: bool = False
     timestamp: bool = False
     zerocopy: bool = False
@@ -96,9 +110,20 @@ class SockState:
     def has_input(self) -> bool:
         return bool(self.recv_queue or self.cong_notify or self.zcookies)
 
+    def cong_updated_since(self) -> bool:
+        """rds_cong_updated_since without consuming: a map update happened since ``cong_track``."""
+        return self.cong_gen is not None and self.cong_track != self.cong_gen.value
+
+    def hist_pollin(self) -> bool:
+        """rds_poll's "historical" POLLIN: no RDS_CONG_MONITOR and a map update since the socket last looked.
+
+        Only sockets that saw congestion show it on the fd (those are the pollers the kernel wakes through
+        rds_poll_waitq); it is consumed by the socket's next send/recv (:meth:`Stack.cong_look`)."""
+        return not self.cong_monitor and self.seen_congestion and self.cong_updated_since()
+
     def update_readiness(self) -> None:
         r = self.readiness
         if r is None:
             return
-        r.set_readable(self.has_input())
+        r.set_readable(self.has_input() or self.hist_pollin())
         r.set_writable(self.snd_bytes < self.rds_sndbuf)

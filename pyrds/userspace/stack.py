@@ -90,6 +90,10 @@ class Stack:
     # -- socket lifetime
     def open(self) -> SockState:
         rs = SockState(self._next_id, self.config.wmem_default, self.config.rmem_default)
+        # the kernel zeroes rs_cong_track, so a new socket's first poll shows POLLIN once after any map
+        # update since boot; a readiness fd cannot "consume on poll", so start at the current generation
+        rs.cong_gen = self.cong.generation
+        rs.cong_track = self.cong.generation.value
         self._next_id += 1
         self.socks[rs.sock_id] = rs
         return rs
@@ -97,6 +101,7 @@ class Stack:
     def close(self, rs: SockState) -> None:
         """rds_release: unbind, drop the receive queue, cancel queued sends, leave monitors."""
         rs.dead = True
+        self.cong.forget(rs)
         self.cong.monitor(rs, False)
         for inc in list(rs.recv_queue):
             self._rcvbuf_delta(rs, -len(inc.payload))
@@ -162,6 +167,7 @@ class Stack:
         dest: tuple[IPAddress, int] | None,
         nonblock: bool,
     ) -> int:
+        self.cong.look(rs)
         if flags & ~(MSG_DONTWAIT | MSG_ZEROCOPY):
             raise StackError(errno.EOPNOTSUPP)
         if dest is not None:
@@ -194,6 +200,7 @@ class Stack:
             if rs.cong_monitor:
                 rs.cong_mask |= 1 << (dport % 64)
             self.counters["cong_send_error"] += 1
+            self.cong.saw_congestion(rs)
             raise StackError(errno.ENOBUFS)
         if rs.snd_bytes >= rs.rds_sndbuf:
             self.counters["send_queue_full"] += 1
@@ -217,10 +224,7 @@ class Stack:
 
     def _loop_xmit(self, msg: Outgoing) -> None:
         """rds_loop_xmit: the message is received and acked at once."""
-        key = (msg.saddr, msg.daddr, msg.tos)
-        conn = self.loop_conns.get(key)
-        if conn is None:
-            conn = self.loop_conns[key] = LoopConn(msg.saddr, msg.daddr, msg.tos)
+        conn = self._loop_conn(msg.saddr, msg.daddr, msg.tos)
         msg.seq = conn.next_tx_seq
         conn.next_tx_seq += 1
         conn.next_rx_seq = conn.next_tx_seq
@@ -230,6 +234,17 @@ class Stack:
         )
         self.acked(msg)
         self.deliver(inc)
+
+    def _loop_conn(self, laddr: IPAddress, faddr: IPAddress, tos: int) -> LoopConn:
+        """The loop connection, created on first use. Its connect completes at once and queues the local
+        map (rds_connect_path_complete), which the loop transport "sends" as rds_cong_map_updated(fcong, ~0)
+        before the first message: a map update (generation bump) per new loop connection, like the kernel."""
+        key = (laddr, faddr, tos)
+        conn = self.loop_conns.get(key)
+        if conn is None:
+            conn = self.loop_conns[key] = LoopConn(laddr, faddr, tos)
+            self.cong.map_updated(ALL_PORTS, self.wake)
+        return conn
 
     def acked(self, msg: Outgoing) -> None:
         """A sent message is acked: release its send-buffer bytes, queue its zerocopy cookie."""
@@ -279,8 +294,7 @@ class Stack:
 
     def _pong(self, ping: Incoming) -> None:
         if self.is_local(ping.saddr):
-            key = (ping.daddr, ping.saddr, ping.tos)
-            conn = self.loop_conns.setdefault(key, LoopConn(ping.daddr, ping.saddr, ping.tos))
+            conn = self._loop_conn(ping.daddr, ping.saddr, ping.tos)
             seq = conn.next_tx_seq
             conn.next_tx_seq += 1
             self.deliver(Incoming(ping.daddr, ping.saddr, 0, ping.sport, b"", seq, ping.tos))
@@ -292,7 +306,7 @@ class Stack:
         if delta == 0:
             return
         rs.rcv_bytes += delta
-        key = "recv_bytes_added_to_socket" if delta > 0 else "recv_bytes_removed_from_socket"
+        key = "recv_bytes_added_to_sock" if delta > 0 else "recv_bytes_freed_fromsock"
         self.counters[key] += abs(delta)
         if rs.transport == Transport.LOOP or rs.bound_addr is None:
             return
@@ -311,6 +325,7 @@ class Stack:
     def recvmsg(
         self, rs: SockState, bufsize: int, ancbufsize: int, flags: int, nonblock: bool
     ) -> tuple[bytes, list[tuple[int, int, bytes]], int, Any]:
+        self.cong.look(rs)
         if flags & socket.MSG_OOB:
             raise StackError(errno.EOPNOTSUPP)
         del nonblock  # the client waits for POLLIN itself; the service never blocks
