@@ -101,14 +101,27 @@ class CongestionTable:
         self.waiters.pop(rs.sock_id, None)
 
     def monitor(self, rs: SockState, on: bool) -> None:
+        """setsockopt(RDS_CONG_MONITOR): rds_cong_add_socket, or rds_cong_remove_socket and a reset mask."""
         rs.cong_monitor = on
         if on:
             self.monitors[rs.sock_id] = rs
         else:
-            self.monitors.pop(rs.sock_id, None)
+            self.remove_socket(rs)
             rs.cong_mask = 0
             rs.cong_notify = 0
         rs.update_readiness()
+
+    def remove_socket(self, rs: SockState) -> None:
+        """rds_cong_remove_socket (monitor off, rds_release): leave the monitors and, if the socket's port is
+        marked congested in its address's map, clear it and queue map updates (rs_congested is left as is)."""
+        self.monitors.pop(rs.sock_id, None)
+        if rs.bound_addr is None:
+            return
+        addr = normalize(rs.bound_addr)
+        cmap = self._maps.get(addr)
+        if cmap is not None and cmap.test(rs.bound_port):
+            cmap.clear(rs.bound_port)
+            self.on_local_change(addr)
 
     def local_maps(self, addrs: Iterable[IPAddress]) -> dict[IPAddress, CongestionMap]:
         return {a: self.map_for(a) for a in addrs}

@@ -102,10 +102,10 @@ class Stack:
         """rds_release: unbind, drop the receive queue, cancel queued sends, leave monitors."""
         rs.dead = True
         self.cong.forget(rs)
-        self.cong.monitor(rs, False)
         for inc in list(rs.recv_queue):
             self._rcvbuf_delta(rs, -len(inc.payload))
         rs.recv_queue.clear()
+        self.cong.remove_socket(rs)
         for msg in list(rs.sent.values()):
             if self.tcp is not None:
                 self.tcp.cancel(msg)

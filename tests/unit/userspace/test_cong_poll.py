@@ -180,3 +180,12 @@ def test_new_loop_connection_is_a_map_update() -> None:
     a.sendto(b"2", b.getsockname())
     after = counters_dict(a.get_info(InfoType.RDS_INFO_COUNTERS))["cong_update_received"]
     assert after - before == 1
+
+
+def test_cong_monitor_off_clears_own_congested_port() -> None:
+    """rds_cong_monitor(0) -> rds_cong_remove_socket: a congested receiver's port bit is cleared (and the
+    update queued) although its queue is still full."""
+    r, s = _tcp_on_loopback_pair()
+    _fill(s, r.getsockname())
+    r.setsockopt(SOL_RDS, SockOpt.RDS_CONG_MONITOR, 0)
+    assert s.sendto(b"through", socket.MSG_DONTWAIT, r.getsockname()) == 7
