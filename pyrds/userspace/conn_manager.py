@@ -2,24 +2,31 @@
 the dial rule and multipath.
 
 The numerically smaller address owns (dials and re-dials, with backoff) every path; a dial from the larger
-side is a doorbell that the owner closes before dialling itself. Path 0 carries the congestion map and the
-multipath probe (sport 1 -> dport 0 with NPATHS); once ``c_npaths`` is known the owner dials paths 1..n-1 and
-the acceptor gives each incoming connection the first path that is down (like 6.1's rds_tcp_accept_one_path).
+side is a doorbell that the owner closes before dialling itself. Path 0 carries the multipath probe
+(sport 1 -> dport 0 with NPATHS); once ``c_npaths`` is known the owner dials paths 1..n-1, one at a time
+and in order.
 A socket's messages use path ``jhash(port, initval) & (npaths - 1)``, path 0 until the handshake is done.
+
+Path pairing and reconnects follow :mod:`pyrds.userspace.proto.pathset`: when the owner loses any path it
+closes all of them gracefully and, once every path is down, re-dials 0, 1, ... in order (a 6.1 acceptor gives
+a connection the first free path); the acceptor pairs a pyrds dialer's connections by the index in the
+source port (a re-dialled path replaces its stale connection) and others by the first free path.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 from pyrds.addr import IPAddress
-from pyrds.constants import RDS_FLAG_PROBE_PORT, RDS_MPATH_WORKERS, InfoConnectionFlag
+from pyrds.constants import RDS_FLAG_PROBE_PORT, InfoConnectionFlag
 from pyrds.userspace.ports import normalize
 from pyrds.userspace.proto.backoff import ReconnectBackoff
 from pyrds.userspace.proto.handshake import jhash_1word, should_dial
 from pyrds.userspace.proto.path import PathState
+from pyrds.userspace.proto.pathset import accept_path, next_dial
 from pyrds.userspace.sockstate import Outgoing
 from pyrds.userspace.tcp_transport import R, TcpPath
 
@@ -27,6 +34,7 @@ if TYPE_CHECKING:
     from pyrds.userspace.service import Service
     from pyrds.userspace.stack import Stack
 
+SETTLE_DELAY = 0.05  # after a teardown, before re-dialling path 0: the peer's paths go DOWN after their FIN
 ConnRow = tuple[int, int, IPAddress, IPAddress, str, int, int]
 MsgRow = tuple[int, int, IPAddress, IPAddress, int, int, int]
 
@@ -43,6 +51,7 @@ class TcpConn:
         )
         self.npaths = 0
         self.probe_sent = False
+        self.redial_backoff = False  # a path was lost: the next dial of path 0 waits
         self.paths: list[TcpPath] = [TcpPath(self, 0)]
 
     def new_socket(self) -> socket.socket:
@@ -78,34 +87,56 @@ class TcpConn:
         self.paths[0].kick()
 
     def path0_up(self) -> None:
-        self.backoff.reset()
         if self.owner and self.npaths == 0 and not self.probe_sent:
             self.send_probe()
-        for p in self.paths[1:]:
-            p.kick()
 
     def negotiated(self, npaths: int) -> None:
         self.npaths = npaths
         while len(self.paths) < npaths:
             self.paths.append(TcpPath(self, len(self.paths)))
-        if self.owner:
-            for p in self.paths[1:]:
-                p.dial_soon(0.0)
+        self.advance()
+
+    def advance(self) -> None:
+        """Owner: dial the next path (:func:`next_dial`), path 0 after a backoff if a path was lost."""
+        if not self.owner or self.mgr.closed:
+            return
+        index = next_dial([p.lane for p in self.paths], self.npaths)
+        if index is None or index >= len(self.paths) or self.paths[index].dial_scheduled:
+            return
+        delay = 0.0
+        if index == 0 and self.redial_backoff:
+            self.redial_backoff = False
+            delay = max(SETTLE_DELAY, self.backoff.next_delay(time.monotonic()))
+        self.paths[index].dial_soon(delay)
+
+    def path_confirmed(self, path: TcpPath) -> None:
+        if all(p.confirmed for p in self.paths[: max(1, self.npaths)]):
+            self.backoff.reset()
+        self.advance()
+
+    def path_down(self, path: TcpPath) -> None:
+        """Owner: a path is gone, so close every other path too and re-dial all of them in order."""
+        if not self.owner or self.mgr.closed:
+            return
+        self.redial_backoff = True
+        for p in self.paths:
+            if p is not path:
+                p.begin_close()
+        self.advance()
 
     def accept(self, s: socket.socket, peer_port: int) -> None:
-        """An incoming connection for this (laddr, faddr) on the non-owner side: the path its source port
-        names (``port % RDS_MPATH_WORKERS``) when free, else the first free path (6.1)."""
+        """An incoming connection for this (laddr, faddr) on the non-owner side (:func:`accept_path`)."""
         usable = self.paths[: max(1, self.npaths)]
-        want = peer_port % RDS_MPATH_WORKERS
-        if want < len(usable) and usable[want].sock is None:
-            usable[want].established(s)
+        choice = accept_path(peer_port, [p.sock is not None for p in usable])
+        if choice is None:
+            self.mgr.stack.counters["tcp_connect_raced"] += 1
+            s.close()
             return
-        for p in usable:
-            if p.sock is None:
-                p.established(s)
-                return
-        self.mgr.stack.counters["tcp_connect_raced"] += 1
-        s.close()
+        index, replace = choice
+        if replace:
+            usable[index].take_over(s)
+        else:
+            usable[index].established(s)
 
     def close(self) -> None:
         for p in self.paths:
@@ -162,7 +193,7 @@ class ConnManager:
         c = self.conn(laddr, faddr)
         if c.owner:  # a doorbell: we own the connection, make sure we dial
             s.close()
-            c.paths[0].dial_soon(0.0)
+            c.advance()
             return
         c.accept(s, int(peer[1]))
 
@@ -186,11 +217,11 @@ class ConnManager:
                 p.cancel(msg)
 
     def reset_all(self) -> None:
-        """Drop every TCP path (like writing net.rds.tcp.rds_tcp_sndbuf); owners reconnect and retransmit."""
+        """Drop every TCP path (like writing net.rds.tcp.rds_tcp_sndbuf), gracefully: what the peer sent
+        before is still read; owners reconnect and retransmit."""
         for c in self.conns.values():
             for p in c.paths:
-                if p.sock is not None:
-                    p.drain_and_drop()
+                p.begin_close()
 
     def busy(self) -> bool:
         return any(

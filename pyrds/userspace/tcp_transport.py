@@ -1,7 +1,8 @@
 """One RDS/TCP path: a TCP socket driven by a sans-IO :class:`PathEngine` (connect, I/O, acks, errors).
 
-Acks come from TCP itself: bytes written minus SIOCOUTQ (``ioctl(TIOCOUTQ)``) are acked by the peer. A peer
-that sends garbage (ProtocolError) loses its TCP connection and ``tcp_protocol_error`` is incremented.
+Acks come from TCP itself: bytes the socket accepted minus SIOCOUTQ (``ioctl(TIOCOUTQ)``) are acked by the
+peer. A peer that sends garbage (ProtocolError) loses its TCP connection and ``tcp_protocol_error`` is
+incremented.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from pyrds.constants import RDS_MPATH_WORKERS
 from pyrds.userspace.proto.errors import ProtocolError
 from pyrds.userspace.proto.events import (
     CongMapReceived,
@@ -28,6 +28,7 @@ from pyrds.userspace.proto.events import (
     PingReceived,
 )
 from pyrds.userspace.proto.path import PathEngine, PathState
+from pyrds.userspace.proto.pathset import Lane, dial_port
 from pyrds.userspace.sockstate import Incoming, Outgoing
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("pyrds.userspace.tcp")
 R, W = selectors.EVENT_READ, selectors.EVENT_WRITE
 ACK_POLL = 0.005
+CONFIRM_TIMEOUT = 0.5  # owner: send on a new connection after this even if the peer sent nothing on it
+CLOSE_TIMEOUT = 5.0  # graceful close: give up waiting for the peer's FIN
 WRITE_CHUNK = 256 * 1024
 _OUTQ = struct.Struct("i")
 
@@ -54,12 +57,11 @@ def tune(s: socket.socket, sndbuf: int = 0, rcvbuf: int = 0) -> None:
 
 
 def bind_path_port(s: socket.socket, laddr: str, index: int) -> None:
-    """Bind a source port with ``port % RDS_MPATH_WORKERS == index`` so the acceptor can pair paths by index
-    (what post-6.1 kernels do; a 6.1 acceptor ignores it and takes the first free path)."""
+    """Bind a source port that names the path (:func:`pyrds.userspace.proto.pathset.dial_port`) so a pyrds
+    acceptor pairs paths by index (a 6.1 acceptor ignores it and takes the first free path)."""
     for _ in range(32):
-        port = random.randrange(32768, 60992, RDS_MPATH_WORKERS) + index
         try:
-            s.bind((laddr, port))
+            s.bind((laddr, dial_port(random.getrandbits(16), index)))
             return
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
@@ -68,6 +70,14 @@ def bind_path_port(s: socket.socket, laddr: str, index: int) -> None:
 
 
 class TcpPath:
+    """One path of a :class:`TcpConn`: its PathEngine (sequence state, kept across reconnects) and the
+    current TCP socket.
+
+    Closing is graceful whenever the stream is still sound (a reset, a send error, the peer's FIN): FIN, then
+    read and deliver until the peer's FIN (or :data:`CLOSE_TIMEOUT`), because everything the peer's TCP saw
+    acked is freed by the peer and must not be thrown away unread. On the owner side a new connection carries
+    no data until it is confirmed (see :mod:`pyrds.userspace.proto.pathset`)."""
+
     def __init__(self, conn: TcpConn, index: int) -> None:
         self.conn = conn
         self.index = index
@@ -81,14 +91,26 @@ class TcpPath:
         )
         self.sock: socket.socket | None = None
         self.outbuf = b""
+        self.wire_bytes = 0  # bytes the TCP socket accepted on this connection
         self.pending: dict[int, Outgoing] = {}
         self.dial_scheduled = False
         self.ack_scheduled = False
+        self.confirmed = False
+        self.closing = False
+        self.gen = 0  # connection generation: stale timers compare it
         self.staged: deque[Outgoing] = deque()
 
     @property
     def up(self) -> bool:
         return self.engine.state == PathState.UP
+
+    @property
+    def lane(self) -> Lane:
+        if self.sock is None:
+            return Lane.DOWN
+        if self.closing:
+            return Lane.CLOSING
+        return Lane.CONFIRMED if self.confirmed else Lane.CONNECTING
 
     def queue(self, msg: Outgoing) -> None:
         if msg.sock_id and (not self.up or self.staged):
@@ -116,16 +138,14 @@ class TcpPath:
         if self.up:
             self.flush()
         elif self.conn.owner:
-            self.dial_soon(0.0)
+            self.conn.advance()
         elif self.index == 0:
             self.conn.doorbell()
 
     # -- connecting (owner side)
-    def dial_soon(self, delay: float | None = None) -> None:
+    def dial_soon(self, delay: float) -> None:
         if self.sock is not None or self.dial_scheduled:
             return
-        if delay is None:
-            delay = self.conn.backoff.next_delay(time.monotonic())
         self.dial_scheduled = True
         self.conn.mgr.svc.call_later(delay, self._dial)
 
@@ -139,9 +159,11 @@ class TcpPath:
             s.connect_ex((str(self.conn.faddr), self.conn.mgr.stack.config.tcp_peer_port))
         except OSError:
             s.close()
-            self.dial_soon()
+            self.conn.path_down(self)
             return
         self.sock = s
+        self.gen += 1
+        self.confirmed = self.closing = False
         self.engine.connecting(time.monotonic())
         self.conn.mgr.svc.register(s, W, self._on_connect)
 
@@ -155,6 +177,7 @@ class TcpPath:
 
     def established(self, s: socket.socket, registered: bool = False) -> None:
         self.sock = s
+        self.gen += 1
         sysctl = self.conn.mgr.stack.config.sysctl
         tune(s, sysctl["rds_tcp_sndbuf"], sysctl["rds_tcp_rcvbuf"])
         svc = self.conn.mgr.svc
@@ -163,37 +186,92 @@ class TcpPath:
         else:
             svc.register(s, R, self._on_io)
         self.outbuf = b""
+        self.wire_bytes = 0
+        self.closing = False
+        self.confirmed = not self.conn.owner
         self.engine.connection_made(time.monotonic())
+        if self.index != 0:  # 6.1 sets c_map_queued on every path's connect; it tells the owner we accepted
+            self.engine.queue_cong_map()
+        if not self.confirmed:
+            gen = self.gen
+            svc.call_later(CONFIRM_TIMEOUT, lambda: self._confirm_timeout(gen))
         if self.index == 0:
             self.conn.path0_up()
         self.flush()
 
+    def _confirm_timeout(self, gen: int) -> None:
+        if gen == self.gen:
+            self.confirm()
+
+    def confirm(self) -> None:
+        """The peer accepted this connection (it sent something on it, or CONFIRM_TIMEOUT passed)."""
+        if self.confirmed or self.sock is None or self.closing or not self.up:
+            return
+        self.confirmed = True
+        self.flush()
+        self.conn.path_confirmed(self)
+
+    def take_over(self, s: socket.socket) -> None:
+        """Acceptor: the owner re-dialled this path, so its old connection is dead; deliver what it still
+        holds, drop it and use ``s``."""
+        if self.sock is not None:
+            self._drain_nonblocking()
+            if self.sock is not None:
+                self.lost()
+        self.established(s)
+
+    def begin_close(self) -> None:
+        """Graceful close: stop sending, FIN, keep reading until the peer's FIN (then :meth:`lost`)."""
+        s = self.sock
+        if s is None or self.closing:
+            return
+        if self.engine.state == PathState.CONNECTING:
+            self.lost()
+            return
+        self.closing = True
+        self.check_acks()
+        self.outbuf = b""
+        self.engine.disconnecting(time.monotonic())
+        try:
+            s.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        svc = self.conn.mgr.svc
+        svc.modify(s, R, self._on_io)
+        gen = self.gen
+        svc.call_later(CLOSE_TIMEOUT, lambda: self._close_timeout(gen))
+
+    def _close_timeout(self, gen: int) -> None:
+        if gen == self.gen and self.closing and self.sock is not None:
+            self._drain_nonblocking()
+            if self.sock is not None:
+                self.lost()
+
+    def _drain_nonblocking(self) -> None:
+        while self.sock is not None:
+            try:
+                data = self.sock.recv(WRITE_CHUNK, socket.MSG_DONTWAIT)
+            except OSError:
+                return
+            if not data or not self._feed(data):
+                return
+
     def lost(self) -> None:
+        """The connection is gone (the peer's FIN or reset was read, a dial failed, or a protocol error):
+        partial input is discarded, unacked messages wait for the next connection of this path."""
         s = self.sock
         if s is not None:
+            self.check_acks()
             self.conn.mgr.svc.unregister(s)
             s.close()
             self.sock = None
             self.conn.mgr.stack.counters["conn_reset"] += 1
         self.outbuf = b""
+        self.closing = self.confirmed = False
+        self.gen += 1
         if self.engine.state != PathState.DOWN:
             self.engine.connection_lost(time.monotonic())
-        if self.conn.owner and not self.conn.mgr.closed:
-            self.dial_soon()
-
-    def drain_and_drop(self) -> None:
-        """A deliberate reset: first consume what the peer's TCP already acked (it is in our receive queue and
-        the peer freed it), then drop the connection."""
-        while self.sock is not None:
-            try:
-                data = self.sock.recv(WRITE_CHUNK, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break
-            if not data or not self._feed(data):
-                return
-        self.lost()
+        self.conn.path_down(self)
 
     def close(self) -> None:
         if self.sock is not None:
@@ -204,31 +282,35 @@ class TcpPath:
     # -- I/O
     def flush(self) -> None:
         s = self.sock
-        if s is None or not self.up:
+        if s is None:
             return
-        svc = self.conn.mgr.svc
-        while self.staged:
-            self._to_engine(self.staged.popleft())
-        while True:
-            if not self.outbuf:
-                self.outbuf = self.engine.bytes_to_send(WRITE_CHUNK)
+        if self.up and self.confirmed:
+            svc = self.conn.mgr.svc
+            while self.staged:
+                self._to_engine(self.staged.popleft())
+            while True:
                 if not self.outbuf:
+                    self.outbuf = self.engine.bytes_to_send(WRITE_CHUNK)
+                    if not self.outbuf:
+                        break
+                try:
+                    n = s.send(self.outbuf)
+                except (BlockingIOError, InterruptedError):
+                    self.conn.mgr.stack.counters["tcp_sndbuf_full"] += 1
+                    svc.modify(s, R | W, self._on_io)
                     break
-            try:
-                n = s.send(self.outbuf)
-            except (BlockingIOError, InterruptedError):
-                self.conn.mgr.stack.counters["tcp_sndbuf_full"] += 1
-                svc.modify(s, R | W, self._on_io)
-                break
-            except OSError:
-                self.lost()
-                return
-            self.outbuf = self.outbuf[n:]
-        if not self.outbuf:
-            svc.modify(s, R, self._on_io)
+                except OSError:
+                    self.begin_close()  # reset by the peer: what it sent before is still to be read
+                    return
+                self.outbuf = self.outbuf[n:]
+                self.wire_bytes += n
+            if not self.outbuf:
+                svc.modify(s, R, self._on_io)
         self.check_acks()
 
     def check_acks(self) -> None:
+        """Messages whose last byte the peer's TCP acked: bytes the socket accepted minus SIOCOUTQ (which
+        counts a FIN too: conservative until the FIN is acked)."""
         s = self.sock
         if s is None:
             return
@@ -236,8 +318,7 @@ class TcpPath:
             outq: int = _OUTQ.unpack(fcntl.ioctl(s.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
         except OSError:
             return
-        written = self.engine.tx_bytes - len(self.outbuf)
-        for acked in self.engine.acked_through(max(0, written - outq)):
+        for acked in self.engine.acked_through(max(0, self.wire_bytes - outq)):
             msg = self.pending.pop(acked.seq, None)
             if msg is not None:
                 self.conn.mgr.stack.acked(msg)
@@ -265,11 +346,13 @@ class TcpPath:
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
+            data = b""  # a reset: everything queued before it has been read
         if not data:
             self.lost()
             return
         if self._feed(data):
+            if not self.confirmed:
+                self.confirm()
             self.flush()  # pongs, and acks may have advanced
 
     def _feed(self, data: bytes) -> bool:

@@ -1,0 +1,80 @@
+"""Which TCP connection is which path, and in what order an owner (re)connects its paths (sans-IO).
+
+Every path has its own sequence space on both ends: the receiver's duplicate rule (``seq < next_rx_seq`` and
+RETRANSMITTED) is only right when a path's retransmissions reach the SAME peer path as before the reconnect.
+Nothing on the wire names the path, so both ends must agree on the pairing of TCP connections to paths:
+
+* A 6.1 acceptor (``rds_tcp_accept_one_path``) gives an incoming connection the first path in state
+  DOWN/ERROR and resets it when there is none. So the owner (the smaller address) must dial paths strictly in
+  index order, one at a time, each only after the peer has accepted the previous one, and only when all of the
+  peer's paths are down: after any path is lost the owner closes every path gracefully (FIN, then reads until
+  the peer's FIN, so nothing the peer's TCP acked is thrown away) and re-dials path 0, 1, ... in order
+  (:func:`next_dial`). A path counts as accepted ("confirmed") when the peer sent anything on it (a 6.1 peer
+  sends its congestion map on connect) or after a timeout; data is held until then, because a 6.1 acceptor
+  that resets a connection it could not place has already TCP-acked what arrived on it.
+* A pyrds owner dials from a source port that names the path (:func:`dial_port`): low byte
+  ``PORT_TAG | index``. A pyrds acceptor pairs such a connection by that index and, if the path still holds an
+  older connection, the new one replaces it (the owner only dials a path that it has closed). Untagged
+  connections (a 6.1 kernel dialling) get the first free path, as in 6.1 (:func:`accept_path`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+from pyrds.constants import RDS_MPATH_WORKERS
+
+__all__ = ["PORT_TAG", "Lane", "accept_path", "dial_port", "is_tagged", "next_dial"]
+
+PORT_TAG = 0xA8  # low byte of a pyrds dialer's source port: 0xA8 | index (index < 8)
+_PORT_LO, _PORT_HI = 32768, 60999
+
+
+class Lane(enum.IntEnum):
+    """A path as the owner's connect logic sees it."""
+
+    DOWN = 0  # no socket
+    CONNECTING = 1  # dialled, or established but not yet confirmed
+    CONFIRMED = 2  # the peer accepted it: data flows
+    CLOSING = 3  # graceful close in progress (FIN sent, reading until the peer's FIN)
+
+
+def dial_port(rand: int, index: int) -> int:
+    """A source port in 32768..60999 whose low byte is ``PORT_TAG | index``; ``rand`` picks which one."""
+    if not 0 <= index < RDS_MPATH_WORKERS:
+        raise ValueError(f"path index {index} out of range")
+    first = (_PORT_LO + 0xFF) & ~0xFF  # 32768
+    blocks = (_PORT_HI - first) // 0x100
+    return first + (rand % blocks) * 0x100 + (PORT_TAG | index)
+
+
+def is_tagged(port: int) -> bool:
+    return port & 0xF8 == PORT_TAG
+
+
+def accept_path(peer_port: int, busy: Sequence[bool]) -> tuple[int, bool] | None:
+    """The acceptor's choice for an incoming connection: ``(path index, replaces an open connection)``, or
+    None to refuse it. ``busy[i]``: path i has a connection; ``len(busy)`` is the number of usable paths."""
+    if is_tagged(peer_port):
+        index = peer_port & 7
+        if index >= len(busy):
+            return None
+        return index, busy[index]
+    for index, used in enumerate(busy):
+        if not used:
+            return index, False
+    return None
+
+
+def next_dial(lanes: Sequence[Lane], npaths: int) -> int | None:
+    """The path the owner dials next, or None: nothing while any path is closing or being connected; else the
+    lowest path that is down, provided every lower path is confirmed."""
+    if any(lane == Lane.CLOSING for lane in lanes):
+        return None
+    for index in range(max(1, npaths)):
+        lane = lanes[index] if index < len(lanes) else Lane.DOWN
+        if lane == Lane.CONFIRMED:
+            continue
+        return index if lane == Lane.DOWN else None
+    return None
