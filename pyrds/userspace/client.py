@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import errno
+import ipaddress
+import marshal
 import os
 import select
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -19,14 +22,64 @@ from pyrds.api import AncData, BackendName, RDSSocketBase, os_error
 from pyrds.userspace import rpc
 from pyrds.userspace.config import stack_address
 
-_START_TIMEOUT = 10.0
+_START_TIMEOUT = 60.0  # a loaded TCG guest can take tens of seconds to start a Python service
 _CONG_POLL = 0.005  # blocking send to a congested port re-checks this often (the kernel sleeps on the map)
+_POLLIN = select.POLLIN
+_SEND_REQ = rpc.SEND_REQ
+_RECV_REQ = rpc.RECV_REQ
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+
+
+def start_timeout() -> float:
+    """Seconds to wait for a starting stack service: $PYRDS_START_TIMEOUT, default 60."""
+    raw = os.environ.get("PYRDS_START_TIMEOUT")
+    try:
+        value = float(raw) if raw else _START_TIMEOUT
+    except ValueError:
+        value = _START_TIMEOUT
+    return value if value > 0 else _START_TIMEOUT
+
+
+_dests: dict[Any, tuple[bytes, int]] = {}
+_sources: dict[tuple[bytes, int, int], SockAddr] = {}
+
+
+def _pack_dest(address: Any) -> tuple[bytes, int]:
+    """(packed IP, port) of a destination; the common plain (str, int) tuples are cached."""
+    cacheable = (
+        type(address) is tuple
+        and type(address[0]) is str
+        and all(type(v) is int for v in address[1:])
+        and len(address) in (2, 4)
+    )
+    if cacheable:
+        hit = _dests.get(address)
+        if hit is not None:
+            return hit
+    a = parse_address(address)
+    out = (a.ip.packed, int(a.port))
+    if cacheable:
+        if len(_dests) > 1024:
+            _dests.clear()
+        _dests[address] = out
+    return out
+
+
+def _source(raw: bytes, port: int, scope: int) -> SockAddr:
+    key = (raw, port, scope)
+    addr = _sources.get(key)
+    if addr is None:
+        if len(_sources) > 1024:
+            _sources.clear()
+        addr = _sources[key] = format_address(ipaddress.ip_address(raw), port, scope)
+    return addr
 
 
 def _connect_control(addr: bytes) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         s.connect(addr)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, rpc.SOCK_SNDBUF)
     except OSError:
         s.close()
         raise
@@ -61,7 +114,7 @@ def connect_stack(autostart: bool = True) -> socket.socket:
         if not autostart:
             raise
     _spawn_service()
-    deadline = time.monotonic() + _START_TIMEOUT
+    deadline = time.monotonic() + start_timeout()
     delay = 0.005
     while True:
         try:
@@ -71,6 +124,23 @@ def connect_stack(autostart: bool = True) -> socket.socket:
                 raise os_error(errno.ECONNREFUSED, "pyrds stack service did not start") from None
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
+
+
+def _flat(b: Any) -> rpc.Buffer:
+    """A send buffer as bytes-like without a copy when it is contiguous."""
+    try:
+        return memoryview(b).cast("B")
+    except TypeError:
+        return bytes(b)
+
+
+def _raise(code: int, optlen: Any) -> None:
+    if code == rpc.WAIT_CONG:
+        raise OSError(rpc.WAIT_CONG, "destination congested")
+    exc = os_error(code)
+    if optlen is not None:
+        exc.optlen = optlen  # type: ignore[attr-defined]
+    raise exc
 
 
 class RDSSocket(RDSSocketBase):
@@ -84,6 +154,7 @@ class RDSSocket(RDSSocketBase):
         self._lock = threading.Lock()
         self._timeout: float | None = None
         self._ctl: socket.socket | None = connect_stack()
+        self._limit = rpc.tune(self._ctl)
         self._v6 = False
         fds: list[int] = []
         try:
@@ -100,21 +171,58 @@ class RDSSocket(RDSSocketBase):
             if ctl is None:
                 raise os_error(errno.EBADF)
             try:
-                rpc.send_record(ctl, rpc.encode((int(op), args)))
+                rpc.send_record(ctl, rpc.encode((int(op), args)), None, self._limit)
                 raw, fds = rpc.recv_record(ctl, want_fds)
+                code, result = rpc.decode(raw)
             except (rpc.ConnectionClosed, BrokenPipeError, ConnectionResetError):
                 raise os_error(errno.EPIPE, "the pyrds stack service went away") from None
         if fds_out is not None:
             fds_out.extend(fds)
-        code, result = rpc.decode(raw)
-        if code == rpc.WAIT_CONG:
-            raise OSError(rpc.WAIT_CONG, "destination congested")
         if code:
-            exc = os_error(code)
-            if result is not None:
-                exc.optlen = result  # type: ignore[attr-defined]
-            raise exc
+            _raise(code, result)
         return result
+
+    def _fast(self, parts: list[rpc.Buffer]) -> memoryview:
+        """One binary request; the reply is a view of this thread's receive buffer (parse it at once)."""
+        with self._lock:
+            ctl = self._ctl
+            if ctl is None:
+                raise os_error(errno.EBADF)
+            try:
+                rpc.send_parts(ctl, parts, self._limit)
+                raw, _fds = rpc.recv_record(ctl)
+            except (rpc.ConnectionClosed, BrokenPipeError, ConnectionResetError):
+                raise os_error(errno.EPIPE, "the pyrds stack service went away") from None
+        return memoryview(raw)
+
+    def _send_once(self, buffers: list[rpc.Buffer], anc: bytes, flags: int, dest: Any, nonblock: bool) -> int:
+        daddr, dport = dest if dest is not None else (b"", 0)
+        head = _SEND_REQ.pack(rpc.TAG_SEND, flags, nonblock, len(daddr), dport, len(anc))
+        rep = self._fast([head, daddr, anc, *buffers])
+        try:
+            code, n = rpc.SEND_REP.unpack_from(rep)
+        except struct.error:
+            raise os_error(errno.EPIPE, "bad reply from the pyrds stack service") from None
+        if code:
+            _raise(code, None)
+        return int(n)
+
+    def _recv_once(
+        self, bufsize: int, ancbufsize: int, flags: int, nonblock: bool
+    ) -> tuple[bytes, Any, int, Any]:
+        rep = self._fast([_RECV_REQ.pack(rpc.TAG_RECV, bufsize, ancbufsize, flags, nonblock)])
+        try:
+            code, mflags, port, scope, alen, anclen = rpc.RECV_REP.unpack_from(rep)
+            if code:
+                _raise(code, None)
+            off = rpc.RECV_REP.size
+            src = _source(bytes(rep[off : off + alen]), port, scope) if alen else None
+            off += alen
+            anc = [tuple(a) for a in marshal.loads(rep[off : off + anclen])] if anclen else []
+            data = bytes(rep[off + anclen :])
+        except (struct.error, EOFError, ValueError, TypeError):
+            raise os_error(errno.EPIPE, "bad reply from the pyrds stack service") from None
+        return data, anc, mflags, src
 
     def _wait(self, events: int, deadline: float | None) -> bool:
         """poll() the readiness fd; False on timeout."""
@@ -164,24 +272,29 @@ class RDSSocket(RDSSocketBase):
         flags: int = 0,
         address: SockAddr | None = None,
     ) -> int:
-        payload = b"".join(bytes(b) for b in buffers)
+        bufs = [b if type(b) is bytes else _flat(b) for b in buffers]
         anc = [(int(lv), int(t), bytes(d)) for lv, t, d in ancdata]
         if not isinstance(flags, int):
             raise TypeError("flags must be int")
-        dest = None
-        if address is not None:
-            a = parse_address(address)
-            dest = (str(a.ip), a.port)
+        flags = int(flags)
+        dest = None if address is None else _pack_dest(address)
         # CPython's rules: no timeout -> the call blocks unless MSG_DONTWAIT; timeout 0 -> non-blocking;
         # timeout > 0 -> the fd is non-blocking for the kernel, CPython polls first and retries on EAGAIN.
         timed = bool(self._timeout)
         blocking = self._timeout is None and not flags & socket.MSG_DONTWAIT
         deadline = self._deadline()
-        args = (payload, anc, int(flags), dest, not blocking)
+        fast = _INT32[0] <= flags <= _INT32[1]
+        raw_anc = rpc.encode(anc) if anc else b""
+        if not fast:  # out of the binary record's range: the generic record (the stack refuses the flags)
+            payload = b"".join(bytes(b) for b in bufs)
+            gdest = None if dest is None else (str(ipaddress.ip_address(dest[0])), dest[1])
+            args = (payload, anc, flags, gdest, not blocking)
         if timed and not self._wait(select.POLLOUT, deadline):
             raise TimeoutError("timed out")
         while True:
             try:
+                if fast:
+                    return self._send_once(bufs, raw_anc, flags, dest, not blocking)
                 n: int = self._call(rpc.Op.SEND, args)
                 return n
             except OSError as exc:
@@ -198,26 +311,46 @@ class RDSSocket(RDSSocketBase):
     def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> tuple[bytes, AncData, int, Any]:
         if bufsize < 0 or ancbufsize < 0:
             raise ValueError("negative buffer size in recvmsg()")
+        bufsize, ancbufsize, flags = int(bufsize), int(ancbufsize), int(flags)
         timed = bool(self._timeout)
         blocking = self._timeout is None and not flags & socket.MSG_DONTWAIT
         deadline = self._deadline()
-        args = (int(bufsize), int(ancbufsize), int(flags), not blocking)
+        fast = _INT32[0] <= flags <= _INT32[1] and bufsize < 1 << 62 and ancbufsize < 1 << 62
+        # Nothing to read shows on the readiness fd (the service keeps its POLLIN exact): a non-blocking
+        # recv then fails with EAGAIN without a round trip; a blocking one waits before asking.
+        local = fast and not flags & socket.MSG_OOB
         while True:
-            if timed and not self._wait(select.POLLIN, deadline):
-                raise TimeoutError("timed out")
+            if timed:
+                if not self._wait(select.POLLIN, deadline):
+                    raise TimeoutError("timed out")
+            elif local and not self._readable():
+                if not blocking:
+                    raise os_error(errno.EAGAIN)
+                self._wait(select.POLLIN, None)
+                continue
             try:
-                data, anc, mflags, src = self._call(rpc.Op.RECV, args)
-                break
+                if fast:
+                    data, anc, mflags, addr = self._recv_once(bufsize, ancbufsize, flags, not blocking)
+                else:
+                    args = (bufsize, ancbufsize, flags, not blocking)
+                    data, anc, mflags, src = self._call(rpc.Op.RECV, args)
+                    anc = [tuple(a) for a in anc]
+                    if src is not None:
+                        src = _source(ipaddress.ip_address(src[0]).packed, src[1], src[2])
+                    addr = src
+                return data, anc, mflags, addr
             except OSError as exc:
                 if not (blocking or timed) or exc.errno != errno.EAGAIN:
                     raise
                 if blocking:
                     self._wait(select.POLLIN, None)
-        addr = None
-        if src is not None:
-            host, port, scope = src
-            addr = format_address(parse_address((host, 0)).ip, port, scope)
-        return data, [tuple(a) for a in anc], mflags, addr
+
+    def _readable(self) -> bool:
+        if self._ctl is None:
+            return True  # the request fails with EBADF
+        p = select.poll()
+        p.register(self._fd, _POLLIN)
+        return bool(p.poll(0))
 
     # -- options
     def setsockopt(self, level: int, optname: int, value: int | bytes) -> None:

@@ -1,9 +1,22 @@
 """Wire format between an RDS client socket and the stack service.
 
-Control connection: AF_UNIX SOCK_SEQPACKET. A request is ``marshal((op, args))``, a response
-``marshal((errno, result))`` (errno 0 = success). Records larger than :data:`CHUNK` are split into several
-seqpackets; the first byte of each packet says whether more follow. Only plain values (ints, bytes, str,
-tuples, lists, None) cross the wire, so ``marshal`` is enough (local, same-user peers).
+Control connection: AF_UNIX SOCK_SEQPACKET. Every packet starts with one byte saying whether more packets of
+the same record follow; a record larger than one packet is split (:func:`packet_limit` bytes each, at most
+:data:`MAX_PACKET`, so a 64 KiB message crosses in one packet).
+
+Records: the data path has compact binary records, the rest is ``marshal``:
+
+- ``SEND`` request: :data:`SEND_REQ` (tag, flags, nonblock, destination length, port, ancillary length),
+  the packed destination address, ``marshal(ancdata)`` (only when there is any) and the payload, which the
+  client passes to ``sendmsg`` as its own buffer (no copy in Python). Reply: :data:`SEND_REP` (code, bytes).
+- ``RECV`` request: :data:`RECV_REQ` (tag, bufsize, ancbufsize, flags, nonblock). Reply: :data:`RECV_REP`
+  (code, msg_flags, source port, scope id, address length, ancillary length), the packed source address,
+  ``marshal(ancdata)`` and the data.
+- anything else: request ``marshal((op, args))``, reply ``marshal((errno, result))``. A marshal record never
+  starts with a binary tag byte. Only plain values (ints, bytes, str, tuples, lists, dicts, None) cross;
+  int subclasses such as ``IntEnum``/``IntFlag`` (``socket.MSG_DONTWAIT``) are converted to ``int``.
+
+Reply codes: 0 success, an errno, or :data:`WAIT_CONG`.
 """
 
 from __future__ import annotations
@@ -13,12 +26,21 @@ import enum
 import marshal
 import select
 import socket
+import struct
+import threading
+from collections.abc import Sequence
 from typing import Any
 
-CHUNK = 60 * 1024
+CHUNK = 60 * 1024  # packet size that always fits (the default AF_UNIX send buffer is 208 KiB)
+MAX_PACKET = 256 * 1024  # no packet is larger: receive buffers hold one whole packet
+SOCK_SNDBUF = 512 * 1024  # asked for on control sockets (capped by net.core.wmem_max, doubled by the kernel)
 SEND_TIMEOUT = 5.0
+MORE = 1
+LAST = 0
 _MORE = b"\x01"
 _LAST = b"\x00"
+
+Buffer = bytes | bytearray | memoryview
 
 
 class Op(enum.IntEnum):
@@ -42,65 +64,148 @@ class Op(enum.IntEnum):
 #: reply code: a blocking sender must wait for the destination port to uncongest (not an errno)
 WAIT_CONG = 100000
 
+#: first byte of a binary record (marshal output starts with a type code, never one of these)
+TAG_SEND = 0x01
+TAG_RECV = 0x02
+#: tag, flags, nonblock, len(packed daddr) (0 = none), dport, len(marshal(ancdata)) (0 = none)
+SEND_REQ = struct.Struct("<BiBBHI")
+#: code, bytes sent
+SEND_REP = struct.Struct("<iq")
+#: tag, bufsize, ancbufsize, flags, nonblock
+RECV_REQ = struct.Struct("<BqqiB")
+#: code, msg_flags, sport, scope_id, len(packed saddr) (0 = none), len(marshal(ancdata))
+RECV_REP = struct.Struct("<iiHIBI")
+
 
 class ConnectionClosed(EOFError):
     pass
 
 
+def plain(value: Any) -> Any:
+    """``value`` with int subclasses (IntEnum, IntFlag) turned into int, recursively; bools stay bools."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {plain(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    return value
+
+
 def encode(value: Any) -> bytes:
-    return marshal.dumps(value)
+    try:
+        return marshal.dumps(value)
+    except ValueError:  # "unmarshallable object": an IntEnum/IntFlag somewhere
+        return marshal.dumps(plain(value))
 
 
-def decode(raw: bytes) -> Any:
+def decode(raw: Buffer) -> Any:
     try:
         return marshal.loads(raw)
     except (EOFError, ValueError, TypeError) as exc:
         raise ConnectionClosed(f"bad record: {exc}") from None
 
 
-def send_record(sock: socket.socket, payload: bytes, fds: list[int] | None = None) -> None:
-    """Send one record (blocking socket); ``fds`` ride on the first packet with SCM_RIGHTS."""
-    view = memoryview(payload)
-    first = True
+def tune(sock: socket.socket) -> int:
+    """Raise the control socket's send buffer; returns the packet size this side may send."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCK_SNDBUF)
+    except OSError:
+        pass
+    try:
+        sndbuf = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    except OSError:
+        return CHUNK
+    # unix_dgram_sendmsg refuses len > sk_sndbuf - 32; keep a margin
+    return min(MAX_PACKET, max(CHUNK, sndbuf - 4096))
+
+
+def _sendmsg(sock: socket.socket, parts: Sequence[Buffer], anc: list[tuple[int, int, bytes]]) -> None:
     while True:
-        part = view[:CHUNK]
-        view = view[CHUNK:]
-        head = _MORE if len(view) else _LAST
+        try:
+            sock.sendmsg(parts, anc)
+            return
+        except BlockingIOError:  # non-blocking service side: wait (bounded) for the client to read
+            if not select.select([], [sock], [], SEND_TIMEOUT)[1]:
+                raise TimeoutError("control peer does not read") from None
+
+
+def send_record(
+    sock: socket.socket, payload: Buffer, fds: list[int] | None = None, limit: int = CHUNK
+) -> None:
+    """Send one record (blocking socket, or a service socket with a bounded wait); ``fds`` ride on the
+    first packet with SCM_RIGHTS."""
+    view = memoryview(payload).cast("B") if not isinstance(payload, bytes) else memoryview(payload)
+    first = True
+    step = limit - 1
+    while True:
+        part = view[:step]
+        view = view[step:]
         anc = []
         if first and fds:
             anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
-        while True:
-            try:
-                sock.sendmsg([head, part], anc)
-                break
-            except BlockingIOError:  # non-blocking service side: wait (bounded) for the client to read
-                if not select.select([], [sock], [], SEND_TIMEOUT)[1]:
-                    raise TimeoutError("control peer does not read") from None
+        _sendmsg(sock, [_MORE if len(view) else _LAST, part], anc)
         first = False
         if not len(view):
             return
 
 
-def recv_record(sock: socket.socket, want_fds: int = 0) -> tuple[bytes, list[int]]:
-    """Receive one whole record (blocking); returns (payload, fds)."""
+def send_parts(sock: socket.socket, parts: Sequence[Buffer], limit: int = CHUNK) -> None:
+    """Send one record made of ``parts`` (gathered by the kernel when it fits one packet: no join)."""
+    total = 1
+    for p in parts:
+        total += memoryview(p).nbytes
+    if total <= limit:
+        _sendmsg(sock, [_LAST, *parts], [])
+    else:
+        send_record(sock, b"".join(parts), None, limit)
+
+
+_local = threading.local()
+
+
+def _buffer() -> memoryview:
+    """This thread's receive buffer (one packet); what is read into it is used before the next read."""
+    buf: memoryview | None = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = memoryview(bytearray(MAX_PACKET + 1))
+    return buf
+
+
+def recv_record(sock: socket.socket, want_fds: int = 0) -> tuple[Buffer, list[int]]:
+    """Receive one whole record (blocking); returns (payload, fds). A one-packet record comes back as a view
+    of this thread's receive buffer, valid until the thread's next receive."""
     parts: list[bytes] = []
     fds: list[int] = []
+    buf = _buffer()
     while True:
         if want_fds:
-            data, anc, _flags, _addr = sock.recvmsg(CHUNK + 1, socket.CMSG_SPACE(4 * want_fds))
+            data, anc, _flags, _addr = sock.recvmsg(MAX_PACKET + 1, socket.CMSG_SPACE(4 * want_fds))
             for level, kind, blob in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     arr = array.array("i")
                     arr.frombytes(blob[: len(blob) - len(blob) % arr.itemsize])
                     fds.extend(arr)
             want_fds = 0
+            n = len(data)
+            view: memoryview = memoryview(data)
         else:
-            data = sock.recv(CHUNK + 1)
-        if not data:
+            n = sock.recv_into(buf)
+            view = buf[:n]
+        if not n:
             raise ConnectionClosed("stack service closed the control connection")
-        parts.append(data[1:])
-        if data[:1] == _LAST:
+        if view[0] == LAST:
+            if not parts:
+                return view[1:], fds
+            parts.append(bytes(view[1:]))
             return b"".join(parts), fds
+        parts.append(bytes(view[1:]))
 
 
 class Reassembler:
@@ -110,23 +215,22 @@ class Reassembler:
         self._parts: list[bytes] = []
         self._size = 0
 
-    def feed(self, packet: bytes, limit: int = 4 << 20) -> bytes | None:
-        self._parts.append(packet[1:])
+    @property
+    def pending(self) -> bool:
+        return bool(self._parts)
+
+    def feed(self, packet: Buffer, limit: int = 4 << 20) -> Buffer | None:
+        """A packet (flag byte first); the whole record once its last packet came. A one-packet record is
+        returned as is (a view of ``packet`` when it is one)."""
+        if packet[0] == LAST and not self._parts:
+            return memoryview(packet)[1:]
+        self._parts.append(bytes(packet[1:]))
         self._size += len(packet) - 1
         if self._size > limit:
             raise ConnectionClosed("record too large")
-        if packet[:1] == _MORE:
+        if packet[0] == MORE:
             return None
         out = b"".join(self._parts)
         self._parts.clear()
         self._size = 0
         return out
-
-
-def packets(payload: bytes) -> list[bytes]:
-    """A record split into the seqpackets the service queues for a non-blocking send."""
-    out: list[bytes] = []
-    for off in range(0, max(len(payload), 1), CHUNK):
-        part = payload[off : off + CHUNK]
-        out.append((_MORE if off + CHUNK < len(payload) else _LAST) + part)
-    return out

@@ -1,6 +1,6 @@
 """The stack service: one per network namespace, a selectors event loop serving RDS sockets over AF_UNIX.
 
-``python -m pyrds.userspace.service`` binds the abstract socket ``\\0pyrds-stack-v1`` (``PYRDS_STACK_NAME``
+``python -m pyrds.userspace.service`` binds the abstract socket ``\\0pyrds-stack-v2`` (``PYRDS_STACK_NAME``
 overrides it) and serves until it has been idle (no clients, no TCP connections with queued data) for
 ``PYRDS_IDLE_EXIT`` seconds (default 5; negative = forever). A second service in the same namespace loses the
 bind race with EADDRINUSE and exits 0. :class:`Service` can also run embedded (e.g. in a thread) for tests.
@@ -16,16 +16,18 @@ import logging
 import os
 import selectors
 import socket
+import struct
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from pyrds.addr import IPAddress
 from pyrds.userspace import info_tables, rpc, sockopts
 from pyrds.userspace.config import StackConfig, stack_address
 from pyrds.userspace.readiness import Readiness
-from pyrds.userspace.sockstate import SockState
+from pyrds.userspace.sockstate import Outgoing, SockState
 from pyrds.userspace.stack import Stack, StackError
 
 log = logging.getLogger("pyrds.userspace.service")
@@ -37,10 +39,56 @@ class _Control:
         self.sock = sock
         self.asm = rpc.Reassembler()
         self.rs: SockState | None = None
+        self.limit = rpc.tune(sock)
 
 
 def _ip(s: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return ipaddress.ip_address(s)
+
+
+_packed_ips: dict[bytes, IPAddress] = {}
+_str_packed: dict[str, bytes] = {}
+
+
+def _ip_packed(raw: bytes) -> IPAddress:
+    ip = _packed_ips.get(raw)
+    if ip is None:
+        if len(_packed_ips) > 1024:
+            _packed_ips.clear()
+        ip = _packed_ips[raw] = ipaddress.ip_address(raw)
+    return ip
+
+
+def _packed(host: str) -> bytes:
+    raw = _str_packed.get(host)
+    if raw is None:
+        if len(_str_packed) > 1024:
+            _str_packed.clear()
+        raw = _str_packed[host] = ipaddress.ip_address(host).packed
+    return raw
+
+
+class _DeferTcp:
+    """Stands in for the TCP transport while a SEND is dispatched: the message reaches the transport after the
+    reply went out, so the client goes on while the service writes to TCP (the result never depends on the
+    TCP write)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.queued: list[tuple[Outgoing, tuple[int, int]]] = []
+
+    def send(self, msg: Outgoing, hash_key: tuple[int, int]) -> None:
+        self.queued.append((msg, hash_key))
+
+    def cong_map_changed(self, laddr: IPAddress) -> None:
+        self.real.cong_map_changed(laddr)
+
+    def cancel(self, msg: Outgoing) -> None:
+        self.queued = [(m, k) for m, k in self.queued if m is not msg]
+        self.real.cancel(msg)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
 
 
 class Service:
@@ -55,6 +103,7 @@ class Service:
         self._stop = threading.Event()
         self._idle_since: float | None = time.monotonic()
         self.tcp: Any = None
+        self._rbuf = memoryview(bytearray(rpc.MAX_PACKET + 1))
 
     # -- event loop plumbing shared with the transports
     def register(self, sock: socket.socket, events: int, cb: Callback) -> None:
@@ -160,33 +209,93 @@ class Service:
         ctl.sock.close()
 
     def _on_control(self, ctl: _Control) -> None:
+        buf = self._rbuf
         for _ in range(64):
             try:
-                pkt = ctl.sock.recv(rpc.CHUNK + 1, socket.MSG_DONTWAIT)
+                n = ctl.sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
                 self._drop(ctl)
                 return
-            if not pkt:
+            if not n:
                 self._drop(ctl)
                 return
             try:
-                record = ctl.asm.feed(pkt)
+                record = ctl.asm.feed(buf[:n])
                 if record is None:
                     continue
-                op, args = rpc.decode(record)
-                fds: list[int] = []
-                try:
-                    result = self._dispatch(ctl, op, args, fds)
-                    reply = (0, result)
-                except StackError as exc:
-                    reply = (exc.code, exc.args[1] if len(exc.args) > 1 else None)
-                rpc.send_record(ctl.sock, rpc.encode(reply), fds)
-            except (rpc.ConnectionClosed, ValueError, TypeError, OSError) as exc:
+                self._handle(ctl, record)
+            except (rpc.ConnectionClosed, struct.error, OSError) as exc:
                 log.warning("dropping control connection: %s", exc)
                 self._drop(ctl)
                 return
+
+    def _handle(self, ctl: _Control, record: rpc.Buffer) -> None:
+        """One request: dispatch it, send the reply (errors as their errno, never a dropped connection)."""
+        tag = record[0] if len(record) else -1
+        if tag == rpc.TAG_SEND:
+            self._fast_send(ctl, record)
+            return
+        if tag == rpc.TAG_RECV:
+            self._fast_recv(ctl, record)
+            return
+        op, args = rpc.decode(record)
+        fds: list[int] = []
+        try:
+            result = self._dispatch(ctl, op, args, fds)
+            reply = (0, result)
+        except Exception as exc:
+            code, extra = _error(exc)
+            reply = (code, extra)
+        rpc.send_record(ctl.sock, rpc.encode(reply), fds, ctl.limit)
+
+    def _fast_send(self, ctl: _Control, record: rpc.Buffer) -> None:
+        view = memoryview(record)
+        _tag, flags, nonblock, dlen, dport, alen = rpc.SEND_REQ.unpack_from(view)
+        off = rpc.SEND_REQ.size
+        dest = (_ip_packed(bytes(view[off : off + dlen])), dport) if dlen else None
+        off += dlen
+        anc = rpc.decode(view[off : off + alen]) if alen else ()
+        payload = bytes(view[off + alen :])  # the one copy: Outgoing keeps it (bytes(bytes) is free)
+        rs = ctl.rs
+        st = self.stack
+        defer = None
+        try:
+            if rs is None:
+                raise StackError(errno.EBADF)
+            if st.tcp is not None:
+                defer = st.tcp = _DeferTcp(st.tcp)
+            try:
+                n = st.sendmsg(rs, payload, anc, flags, dest, bool(nonblock))
+            finally:
+                if defer is not None:
+                    st.tcp = defer.real
+            reply = rpc.SEND_REP.pack(0, n)
+        except Exception as exc:
+            reply = rpc.SEND_REP.pack(_error(exc)[0], 0)
+        rpc.send_parts(ctl.sock, [reply], ctl.limit)
+        if defer is not None:
+            for msg, key in defer.queued:
+                defer.real.send(msg, key)
+
+    def _fast_recv(self, ctl: _Control, record: rpc.Buffer) -> None:
+        _tag, bufsize, ancbufsize, flags, nonblock = rpc.RECV_REQ.unpack_from(record)
+        try:
+            if ctl.rs is None:
+                raise StackError(errno.EBADF)
+            data, anc, mflags, src = self.stack.recvmsg(ctl.rs, bufsize, ancbufsize, flags, bool(nonblock))
+        except Exception as exc:
+            rpc.send_parts(ctl.sock, [rpc.RECV_REP.pack(_error(exc)[0], 0, 0, 0, 0, 0)], ctl.limit)
+            return
+        raw_anc = rpc.encode(anc) if anc else b""
+        addr = b""
+        port = scope = 0
+        if src is not None:
+            addr = _packed(src[0])
+            port, scope = src[1], src[2]
+        head = rpc.RECV_REP.pack(0, mflags, port, scope, len(addr), len(raw_anc))
+        rpc.send_parts(ctl.sock, [head, addr, raw_anc, data], ctl.limit)
 
     def _dispatch(self, ctl: _Control, op: int, args: Any, fds: list[int]) -> Any:
         st = self.stack
@@ -252,6 +361,19 @@ class Service:
         if op == rpc.Op.GET_TOS:
             return rs.tos
         raise StackError(errno.EINVAL)
+
+
+def _error(exc: Exception) -> tuple[int, Any]:
+    """A failed request's reply: (errno, optlen or None); unexpected exceptions are logged."""
+    if isinstance(exc, StackError):
+        return int(exc.code), rpc.plain(exc.args[1]) if len(exc.args) > 1 else None
+    if isinstance(exc, OSError) and exc.errno:
+        return int(exc.errno), None
+    if isinstance(exc, (ValueError, TypeError, KeyError, OverflowError)):
+        log.debug("request refused: %r", exc)
+        return errno.EINVAL, None
+    log.exception("request failed")
+    return errno.EIO, None
 
 
 def main(argv: list[str] | None = None) -> int:
