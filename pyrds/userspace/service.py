@@ -226,6 +226,9 @@ class Service:
                 if record is None:
                     continue
                 self._handle(ctl, record)
+                # one request at a time per control connection (the client waits for each reply): no
+                # point in another recv that would only say EAGAIN
+                return
             except (rpc.ConnectionClosed, struct.error, OSError) as exc:
                 log.warning("dropping control connection: %s", exc)
                 self._drop(ctl)

@@ -73,7 +73,23 @@ class MessageFramer:
         pos = 0
         end = len(view)
         while pos < end:
-            if self._header is None:
+            if self._header is None and not self._hbuf and end - pos >= RDS_HEADER_SIZE:
+                # a whole header here (the usual case): no staging copy; a whole payload: one copy
+                header = RDSHeader.decode(view[pos : pos + RDS_HEADER_SIZE])
+                if header.length > self.max_len:
+                    self._error = ProtocolError(
+                        "msg_too_long", f"h_len {header.length} > {self.max_len} (seq {header.sequence})"
+                    )
+                    if frames:
+                        return frames
+                    raise self._error
+                pos += RDS_HEADER_SIZE
+                if end - pos >= header.length:
+                    frames.append(Frame(header, bytes(view[pos : pos + header.length])))
+                    pos += header.length
+                    continue
+                self._header = header
+            elif self._header is None:
                 take = min(RDS_HEADER_SIZE - len(self._hbuf), end - pos)
                 self._hbuf += view[pos : pos + take]
                 pos += take
