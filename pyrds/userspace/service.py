@@ -256,15 +256,15 @@ class Service:
     def _fast_send(self, ctl: _Control, record: rpc.Buffer) -> None:
         view = memoryview(record)
         _tag, flags, nonblock, dlen, dport, alen = rpc.SEND_REQ.unpack_from(view)
-        off = rpc.SEND_REQ.size
-        dest = (_ip_packed(bytes(view[off : off + dlen])), dport) if dlen else None
-        off += dlen
-        anc = rpc.decode(view[off : off + alen]) if alen else ()
-        payload = bytes(view[off + alen :])  # the one copy: Outgoing keeps it (bytes(bytes) is free)
         rs = ctl.rs
         st = self.stack
         defer = None
         try:
+            off = rpc.SEND_REQ.size
+            dest = (_ip_packed(bytes(view[off : off + dlen])), dport) if dlen else None
+            off += dlen
+            anc = rpc.decode(view[off : off + alen]) if alen else ()
+            payload = bytes(view[off + alen :])  # the one copy: Outgoing keeps it (bytes(bytes) is free)
             if rs is None:
                 raise StackError(errno.EBADF)
             if st.tcp is not None:
@@ -277,10 +277,12 @@ class Service:
             reply = rpc.SEND_REP.pack(0, n)
         except Exception as exc:
             reply = rpc.SEND_REP.pack(_error(exc)[0], 0)
-        rpc.send_parts(ctl.sock, [reply], ctl.limit)
-        if defer is not None:
-            for msg, key in defer.queued:
-                defer.real.send(msg, key)
+        try:
+            rpc.send_parts(ctl.sock, [reply], ctl.limit)
+        finally:  # queued and accounted: it goes out even when the client is gone
+            if defer is not None:
+                for msg, key in defer.queued:
+                    defer.real.send(msg, key)
 
     def _fast_recv(self, ctl: _Control, record: rpc.Buffer) -> None:
         _tag, bufsize, ancbufsize, flags, nonblock = rpc.RECV_REQ.unpack_from(record)
