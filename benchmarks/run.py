@@ -82,9 +82,7 @@ class Passive:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.out = tempfile.TemporaryFile("w+")
         for attempt in range(3):
-            self.proc = subprocess.Popen(
-                node.argv(cmd), stdout=self.out, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
-            )
+            self.proc = node.popen(cmd, stdout=self.out, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
             try:
                 _wait_listening(self.proc, 120)
                 return
@@ -134,7 +132,7 @@ def one_cell(
     acmd += ["-q", str(size), "-T", str(dur)] + (["--one-way"] if mode == "oneway" else [])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryFile("w+") as aout, tempfile.TemporaryFile("w+") as aerr:
-        cli = subprocess.Popen(active.argv(acmd), stdout=aout, stderr=aerr, text=True, env=env, cwd=ROOT)
+        cli = active.popen(acmd, stdout=aout, stderr=aerr, text=True, env=env, cwd=ROOT)
         try:
             cli.wait(dur + 300)
         except subprocess.TimeoutExpired:

@@ -1,24 +1,24 @@
 """Guest-side topology for the benchmark: named netns pairs joined by veth, nftables redirect for mixed nodes.
 
-Uses iproute2/nft commands (``ip netns exec`` works on the namespaces): needs root, nothing from PyPI.
+Built with :mod:`pyrds.netns` (pyroute2 rtnetlink for namespaces, veth, addresses and links; processes are
+spawned from a thread that ``setns``-ed into the namespace). Only ``nft`` is a command (pyroute2's nftables
+support is not enough for a NAT redirect). Needs root; pyrds is imported lazily, so the host side of run.py
+does not need it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 # the kernel's rds_tcp listens on 16385 in every netns once loaded; userspace stacks use this port instead
 USERSPACE_PORT = 16386
 KERNEL_PORT = 16385
-
-
-def sh(*cmd: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, input=stdin)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc
 
 
 @dataclass
@@ -29,28 +29,31 @@ class Node:
     addr: str
     env: dict[str, str] = field(default_factory=dict)
 
-    def argv(self, cmd: Sequence[str]) -> list[str]:
-        envs = [f"{k}={v}" for k, v in self.env.items()]
-        return ["ip", "netns", "exec", self.ns, "env", *envs, *cmd]
+    def popen(self, cmd: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start ``cmd`` inside the namespace with :attr:`env` added to ``kwargs['env']`` (or os.environ)."""
+        from pyrds.netns import popen_in_netns
+
+        kwargs["env"] = {**(kwargs.get("env") or os.environ), **self.env}
+        return popen_in_netns(self.ns, cmd, **kwargs)
 
 
 def make_pair(tag: str, subnet: str) -> tuple[Node, Node]:
     """Namespaces ``b-<tag>1``/``b-<tag>2`` with ``<subnet>.1``/``.2``/24 on a veth pair, lo up."""
+    from pyrds import netns
+
     n1, n2 = f"b-{tag}1", f"b-{tag}2"
     for ns in (n1, n2):
-        sh("ip", "netns", "del", ns, check=False)
-        sh("ip", "netns", "add", ns)
-        sh("ip", "-n", ns, "link", "set", "lo", "up")
-    sh("ip", "link", "add", f"v{tag}1", "netns", n1, "type", "veth", "peer", "name", f"v{tag}2", "netns", n2)
-    for ns, ifn, host in ((n1, f"v{tag}1", 1), (n2, f"v{tag}2", 2)):
-        sh("ip", "-n", ns, "addr", "add", f"{subnet}.{host}/24", "dev", ifn)
-        sh("ip", "-n", ns, "link", "set", ifn, "up")
+        netns.delete_netns(ns)
+        netns.create_netns(ns)
+    netns.create_veth(n1, n2, f"v{tag}1", f"v{tag}2", addrs_a=[f"{subnet}.1/24"], addrs_b=[f"{subnet}.2/24"])
     return Node(n1, f"{subnet}.1"), Node(n2, f"{subnet}.2")
 
 
 def userspace_node(node: Node, peer_port: int) -> None:
     """Make ``node`` a userspace RDS node: stack on USERSPACE_PORT, dialing peers on ``peer_port``; with a
     kernel peer (peer_port 16385), also redirect incoming 16385 to the stack so kernel dials reach it."""
+    from pyrds.netns import run_cmd_in_netns
+
     node.env.update(
         {
             "PYRDS_TCP_PORT": str(USERSPACE_PORT),
@@ -65,12 +68,15 @@ def userspace_node(node: Node, peer_port: int) -> None:
         f"tcp dport {KERNEL_PORT} redirect to :{USERSPACE_PORT}; }}\n"
         "}\n"
     )
-    sh("ip", "netns", "exec", node.ns, "nft", "-f", "-", stdin=rules)
+    run_cmd_in_netns(node.ns, ["nft", "-f", "-"], input=rules)
 
 
 def teardown(nodes: Sequence[Node]) -> None:
+    from pyrds import netns
+
     for n in nodes:
-        pids = sh("ip", "netns", "pids", n.ns, check=False).stdout.split()
-        for pid in pids:
-            sh("kill", pid, check=False)
-        sh("ip", "netns", "del", n.ns, check=False)
+        for pid in netns.netns_pids(n.ns):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(netns.NetnsError):
+            netns.delete_netns(n.ns)

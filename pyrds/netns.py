@@ -3,6 +3,12 @@
 Everything netlink goes through pyroute2 (imported lazily, so importing this module has no side effects and
 does not need pyroute2). Only ``rdma link add/delete`` is shelled out: pyroute2 has no RDMA netlink support.
 
+No forking: pyroute2's ``netns.create()`` and ``NetNS(name)`` fork a child (with a 2 s reply timeout) to get
+into the namespace; under QEMU TCG a fork of a big pytest process is slow and can miss that timeout. Here a
+helper thread ``setns``/``unshare``s itself instead (CLONE_NEWNET is per thread), the rtnetlink socket is
+opened in that thread, and subprocesses are spawned from it (a child inherits the namespace of the thread that
+forks it).
+
 Namespaces are "named" the iproute2 way (a bind mount under ``/run/netns/NAME``), so ``ip netns exec NAME``
 sees them too. Needs root (CAP_SYS_ADMIN + CAP_NET_ADMIN).
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import ipaddress
 import itertools
 import os
@@ -34,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NETNS_RUN_DIR",
     "NetnsError",
+    "NetemMissingError",
     "Netem",
     "NetnsPair",
     "netns_path",
@@ -41,8 +49,10 @@ __all__ = [
     "delete_netns",
     "list_netns",
     "netns_exists",
+    "netns_pids",
     "ipr_for",
     "link_up",
+    "link_is_up",
     "create_veth",
     "add_address",
     "set_netem",
@@ -61,6 +71,7 @@ __all__ = [
 NETNS_RUN_DIR = "/run/netns"
 CLONE_NEWNET = 0x40000000
 IFA_F_NODAD = 0x02
+IFF_LOWER_UP = 0x10000
 IFNAMSIZ_MAX = 15  # usable characters of an interface name
 
 P = ParamSpec("P")
@@ -73,6 +84,10 @@ _netem_ok: bool | None = None
 
 class NetnsError(RuntimeError):
     """A namespace/link operation failed (the message says which and why)."""
+
+
+class NetemMissingError(NetnsError):
+    """The kernel has no netem qdisc (sch_netem not built/loadable): the netlink request got ENOENT."""
 
 
 # --------------------------------------------------------------------------------------------- namespaces
@@ -108,9 +123,27 @@ def create_netns(name: str, *, lo_up: bool = True) -> str:
 
     if netns_exists(name):
         raise NetnsError(f"netns {name!r} already exists")
+
+    def make() -> None:  # on a helper thread: unshare moves only that thread
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if _get_libc().unshare(CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
+            try:
+                # bind-mount this thread's new netns on /run/netns/NAME (what ``ip netns add`` does)
+                p2netns.attach(name, "thread-self")
+            finally:
+                _setns_fd(home)
+        finally:
+            os.close(home)
+
     try:
-        p2netns.create(name)
+        _on_thread(make)
     except OSError as exc:
+        if exc.errno != errno.EEXIST:  # EEXIST: someone else just created ``name``; not ours to remove
+            with contextlib.suppress(OSError):
+                p2netns.remove(name)
         raise NetnsError(f"cannot create netns {name!r} (root needed?): {exc}") from exc
     if lo_up:
         link_up(name, "lo")
@@ -131,16 +164,38 @@ def delete_netns(name: str, *, missing_ok: bool = True) -> None:
         raise NetnsError(f"cannot delete netns {name!r}: {exc}") from exc
 
 
+def netns_pids(name: str) -> list[int]:
+    """Pids of the processes whose network namespace is ``name`` (like ``ip netns pids``)."""
+    try:
+        st = os.stat(netns_path(name))
+    except FileNotFoundError:
+        return []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ns = os.stat(f"/proc/{entry}/ns/net")
+            except OSError:  # gone, or a kernel thread
+                continue
+            if (ns.st_dev, ns.st_ino) == (st.st_dev, st.st_ino):
+                pids.append(int(entry))
+    return pids
+
+
 def ipr_for(name: str | None) -> IPRoute:
-    """An rtnetlink handle in netns ``name`` (``None``: this namespace); use it as a context manager."""
-    from pyroute2 import IPRoute, NetNS
+    """An rtnetlink handle in netns ``name`` (``None``: this namespace); use it as a context manager.
+
+    The netlink socket is opened while this thread is in ``name`` (no fork, unlike pyroute2's ``NetNS``) and
+    keeps talking to that namespace afterwards.
+    """
+    from pyroute2 import IPRoute
 
     if name is None:
         return IPRoute()
     if not netns_exists(name):
         raise NetnsError(f"netns {name!r} does not exist")
-    ns: IPRoute = NetNS(name)
-    return ns
+    with enter_netns(name):
+        return IPRoute()
 
 
 def _ifindex(ipr: IPRoute, ifname: str, where: str | None) -> int:
@@ -159,16 +214,28 @@ def link_up(name: str | None, ifname: str) -> None:
 # --------------------------------------------------------------------------------------------- links/addrs
 
 
-def add_address(name: str | None, ifname: str, address: str, prefixlen: int | None = None) -> None:
-    """Add an IPv4 or IPv6 address; IPv6 addresses get IFA_F_NODAD (usable immediately, no DAD wait)."""
+def _addr_kwargs(address: str, prefixlen: int | None) -> dict[str, Any]:
     ip = ipaddress.ip_address(address)
     if prefixlen is None:
         prefixlen = 24 if ip.version == 4 else 64
     kwargs: dict[str, Any] = {"address": str(ip), "prefixlen": prefixlen}
     if ip.version == 6:
         kwargs["flags"] = IFA_F_NODAD
+    return kwargs
+
+
+def add_address(name: str | None, ifname: str, address: str, prefixlen: int | None = None) -> None:
+    """Add an IPv4 or IPv6 address; IPv6 addresses get IFA_F_NODAD (usable immediately, no DAD wait)."""
+    kwargs = _addr_kwargs(address, prefixlen)
     with ipr_for(name) as ipr:
         ipr.addr("add", index=_ifindex(ipr, ifname, name), **kwargs)
+
+
+def link_is_up(name: str | None, ifname: str) -> bool:
+    """Whether ``ifname`` in netns ``name`` has carrier (IFF_LOWER_UP, e.g. both veth ends up)."""
+    with ipr_for(name) as ipr:
+        links = ipr.get_links(_ifindex(ipr, ifname, name))
+        return bool(links and int(links[0]["flags"]) & IFF_LOWER_UP)
 
 
 def create_veth(
@@ -206,17 +273,17 @@ def create_veth(
                 ipr.link("del", ifname=tmp_a)
             raise
     for ns, tmp, final, addrs in ((ns_a, tmp_a, if_a, addrs_a), (ns_b, tmp_b, if_b, addrs_b)):
-        with ipr_for(ns) as ipr:
+        with ipr_for(ns) as ipr:  # one handle per namespace for rename, addresses and links up
             idx = _ifindex(ipr, tmp, ns)
             settings: dict[str, Any] = {"ifname": final}
             if mtu is not None:
                 settings["mtu"] = mtu
             ipr.link("set", index=idx, **settings)
-        for spec in addrs:
-            addr, _, plen = spec.partition("/")
-            add_address(ns, final, addr, int(plen) if plen else None)
-        link_up(ns, final)
-        link_up(ns, "lo")
+            for spec in addrs:
+                addr, _, plen = spec.partition("/")
+                ipr.addr("add", index=idx, **_addr_kwargs(addr, int(plen) if plen else None))
+            ipr.link("set", index=idx, state="up")
+            ipr.link("set", index=_ifindex(ipr, "lo", ns), state="up")
 
 
 # --------------------------------------------------------------------------------------------- netem
@@ -269,7 +336,9 @@ def set_netem(name: str | None, ifname: str, netem: Netem) -> None:
         try:
             ipr.tc("replace", "netem", index=idx, handle="1:", **netem.tc_kwargs())
         except Exception as exc:
-            raise NetnsError(f"cannot set netem on {ifname} in {name}: {exc} (sch_netem module?)") from exc
+            if getattr(exc, "code", None) == errno.ENOENT:  # NetlinkError: unknown qdisc kind
+                raise NetemMissingError(f"kernel has no sch_netem ({ifname} in {name}: {exc})") from exc
+            raise NetnsError(f"cannot set netem on {ifname} in {name}: {exc}") from exc
 
 
 def clear_netem(name: str | None, ifname: str) -> None:
@@ -336,23 +405,18 @@ def enter_netns(name: str) -> Iterator[None]:
         os.close(home)
 
 
-def run_in_netns(name: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Call ``fn(*args, **kwargs)`` in netns ``name`` (on a helper thread) and return its result.
-
-    Exceptions propagate. Objects created inside (sockets) keep that namespace, so a test can create a server
-    socket in one namespace and a client in the other, then use both from the main thread.
-    """
+def _on_thread(fn: Callable[[], T]) -> T:
+    """Run ``fn()`` on a fresh helper thread and return its result (exceptions propagate)."""
     result: list[T] = []
     error: list[BaseException] = []
 
     def target() -> None:
         try:
-            with enter_netns(name):
-                result.append(fn(*args, **kwargs))
+            result.append(fn())
         except BaseException as exc:  # re-raised in the caller's thread
             error.append(exc)
 
-    thread = threading.Thread(target=target, name=f"netns-{name}", daemon=True)
+    thread = threading.Thread(target=target, name="pyrds-netns", daemon=True)
     thread.start()
     thread.join()
     if error:
@@ -360,36 +424,52 @@ def run_in_netns(name: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwarg
     return result[0]
 
 
-def _preexec_setns(path: str) -> Callable[[], None]:
-    def preexec() -> None:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            _setns_fd(fd)
-        finally:
-            os.close(fd)
+def run_in_netns(name: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Call ``fn(*args, **kwargs)`` in netns ``name`` (on a helper thread) and return its result.
 
-    return preexec
+    Exceptions propagate. Objects created inside (sockets) keep that namespace, so a test can create a server
+    socket in one namespace and a client in the other, then use both from the main thread.
+    """
+
+    def call() -> T:
+        with enter_netns(name):
+            return fn(*args, **kwargs)
+
+    return _on_thread(call)
 
 
 def popen_in_netns(name: str, args: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
-    """Start a subprocess inside netns ``name`` (setns in the child before exec; like ``ip netns exec``
-    without its /etc/netns bind mounts and /sys remount). Other kwargs go to :class:`subprocess.Popen`."""
-    path = netns_path(name)
-    if not os.path.exists(path):
+    """Start a subprocess inside netns ``name``: it is spawned from a helper thread that ``setns``-ed into
+    ``name`` (a child inherits the forking thread's namespace), so no ``preexec_fn`` and no ``ip netns exec``
+    (nor its /etc/netns bind mounts and /sys remount). Other kwargs go to :class:`subprocess.Popen`."""
+    if not netns_exists(name):
         raise NetnsError(f"netns {name!r} does not exist")
-    return subprocess.Popen(list(args), preexec_fn=_preexec_setns(path), **kwargs)
+
+    def spawn() -> subprocess.Popen[Any]:
+        with enter_netns(name):
+            return subprocess.Popen(list(args), **kwargs)
+
+    return _on_thread(spawn)
 
 
 def run_cmd_in_netns(
-    name: str | None, args: Sequence[str], *, check: bool = True, timeout: float = 60.0
+    name: str | None,
+    args: Sequence[str],
+    *,
+    check: bool = True,
+    timeout: float = 60.0,
+    input: str | None = None,  # noqa: A002 - subprocess's name
 ) -> subprocess.CompletedProcess[str]:
     """Run a command to completion in netns ``name`` (``None``: here) and capture its text output."""
+    pipes: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    if input is not None:
+        pipes["stdin"] = subprocess.PIPE
     if name is None:
-        proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(list(args), **pipes)
     else:
-        proc = popen_in_netns(name, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = popen_in_netns(name, args, **pipes)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()

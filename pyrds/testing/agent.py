@@ -209,8 +209,10 @@ class Agent:
         pipes: dict[str, Any] = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "env": full_env}
         if netns is None:
             self.proc: subprocess.Popen[bytes] = subprocess.Popen(argv, **pipes)
-        else:  # ``ip netns exec``: setns + a private /sys; no pyroute2 import (slow under TCG)
-            self.proc = subprocess.Popen(["ip", "netns", "exec", netns, *argv], **pipes)
+        else:  # spawned from a thread that setns-ed into ``netns`` (pyrds.netns; no pyroute2 import)
+            from pyrds.netns import popen_in_netns
+
+            self.proc = popen_in_netns(netns, argv, **pipes)
         self._lock = threading.Lock()
         self.pid: int = self.request("getpid")
 

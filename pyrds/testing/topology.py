@@ -10,6 +10,9 @@ userspace node cannot listen there. Its agent (and thus the stack service it sta
 so peers
 (kernel or userspace) that dial the standard port reach the userspace stack. Without ``rds_tcp`` loaded (host
 runs) the userspace node listens on 16385 directly and no rule is installed.
+
+Built with :mod:`pyrds.netns` (pyroute2 rtnetlink: namespaces, veth, addresses, links, netem qdiscs); agents
+and ``nft`` are spawned from a thread that ``setns``-ed into the node's namespace (no ``ip netns exec``).
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import signal
 import subprocess
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyrds import netns
 from pyrds.constants import RDS_TCP_PORT
 from pyrds.testing.agent import Agent, RemoteSocket
 
@@ -43,24 +49,51 @@ def kernel_rds_tcp_loaded() -> bool:
     return os.path.isdir("/sys/module/rds_tcp")
 
 
-def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(list(argv), capture_output=True, text=True)
-    if check and res.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({res.returncode}): {res.stderr.strip()}")
-    return res
-
-
 def netns_supported() -> str | None:
     """None when namespaces can be made here, else the reason why not."""
     if os.geteuid() != 0:
         return "two-node scenarios need root (network namespaces)"
-    if _run("ip", "-V", check=False).returncode != 0:
-        return "iproute2 'ip' is missing"
+    try:
+        import pyroute2  # noqa: F401
+    except ImportError:
+        return "pyroute2 is missing (pip install pyroute2)"
     return None
 
 
 class NetemUnavailable(RuntimeError):
     """The kernel lacks sch_netem."""
+
+
+_NETEM_FIELDS = {
+    "loss": "loss_pct",
+    "corrupt": "corrupt_pct",
+    "duplicate": "duplicate_pct",
+    "reorder": "reorder_pct",
+    "delay": "delay_ms",
+    "limit": "limit",
+}
+
+
+def parse_netem(spec: str) -> netns.Netem:
+    """``"loss 5% corrupt 5% duplicate 5%"`` (tc-netem(8) words; delay in ms, optional jitter) -> Netem."""
+    words = spec.split()
+    kw: dict[str, Any] = {}
+    i = 0
+    while i < len(words):
+        key = words[i]
+        if key not in _NETEM_FIELDS or i + 1 >= len(words):
+            raise ValueError(f"unsupported netem spec {spec!r} at {key!r}")
+        value = words[i + 1]
+        i += 2
+        if key == "limit":
+            kw["limit"] = int(value)
+            continue
+        num = float(re.sub(r"(%|ms)$", "", value))
+        kw[_NETEM_FIELDS[key]] = num
+        if key == "delay" and i < len(words) and words[i].endswith("ms"):  # delay 10ms 2ms: jitter
+            kw["jitter_ms"] = float(words[i][:-2])
+            i += 1
+    return netns.Netem(**kw)
 
 
 @dataclass
@@ -81,7 +114,8 @@ class Node:
         return s
 
     def sh(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return _run("ip", "netns", "exec", self.netns, *argv, check=check)
+        """Run a command inside the node's namespace (spawned from a setns-ed thread)."""
+        return netns.run_cmd_in_netns(self.netns, argv, check=check)
 
     def force_reconnect(self) -> None:
         """Drop every RDS/TCP connection of this node (the owner side reconnects and retransmits).
@@ -121,7 +155,6 @@ class TwoNodes:
 
     @classmethod
     def create(cls, backends: Sequence[str]) -> TwoNodes:
-        # iproute2 rather than pyrds.netns/pyroute2: importing pyroute2 takes over a minute under QEMU TCG
         k = next(_counter)
         tag = f"{os.getpid() % 100000}x{k}"
         subnet = (os.getpid() + k) % 200 + 20
@@ -132,30 +165,48 @@ class TwoNodes:
         agents: list[Agent] = []
         try:
             for ns in names:
-                _run("ip", "netns", "add", ns)
+                netns.create_netns(ns)
                 created.append(ns)
-            _run("ip", "-n", names[0], "link", "add", ifs[0], "type", "veth", "peer", "name", ifs[1],
-                 "netns", names[1])
-            nodes: list[Node] = []
-            for i, (ns, ifname, backend) in enumerate(zip(names, ifs, backends, strict=True)):
-                a4, a6 = addrs[i]
-                _run("ip", "-n", ns, "link", "set", "lo", "up")
-                _run("ip", "-n", ns, "addr", "add", f"{a4}/24", "dev", ifname)
-                _run("ip", "-n", ns, "addr", "add", f"{a6}/64", "dev", ifname, "nodad")
-                _run("ip", "-n", ns, "link", "set", ifname, "up")
+            netns.create_veth(
+                names[0],
+                names[1],
+                ifs[0],
+                ifs[1],
+                addrs_a=[f"{addrs[0][0]}/24", f"{addrs[0][1]}/64"],
+                addrs_b=[f"{addrs[1][0]}/24", f"{addrs[1][1]}/64"],
+            )
+            envs: list[dict[str, str]] = []
+            ports: list[int] = []
+            for ns, backend in zip(names, backends, strict=True):
                 env: dict[str, str] = {}
                 port = RDS_TCP_PORT
                 if backend == "userspace" and kernel_rds_tcp_loaded():
                     port = USERSPACE_ALT_PORT
                     env["PYRDS_TCP_PORT"] = str(port)
-                    nft = subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], text=True,
-                                         input=NFT_REDIRECT.format(std=RDS_TCP_PORT, alt=port),
-                                         capture_output=True, timeout=60)
+                    rules = NFT_REDIRECT.format(std=RDS_TCP_PORT, alt=port)
+                    nft = netns.run_cmd_in_netns(ns, ["nft", "-f", "-"], input=rules, check=False)
                     if nft.returncode != 0:
                         raise RuntimeError(f"nft redirect in {ns} failed: {nft.stderr.strip()}")
-                agent = Agent(ns, env=env, name=f"{'AB'[i]}:{backend}")
-                agents.append(agent)
-                nodes.append(Node("AB"[i], ns, ifname, backend, a4, a6, agent, port))
+                envs.append(env)
+                ports.append(port)
+            # start both agents at once (each is a Python start-up: seconds under QEMU TCG)
+            with ThreadPoolExecutor(2) as pool:
+                futures = [
+                    pool.submit(Agent, ns, env=env, name=f"{'AB'[i]}:{backend}")
+                    for i, (ns, env, backend) in enumerate(zip(names, envs, backends, strict=True))
+                ]
+                for fut in futures:
+                    with contextlib.suppress(BaseException):
+                        agents.append(fut.result())
+                if len(agents) != len(futures):
+                    for fut in futures:
+                        fut.result()  # re-raise the failure
+            nodes = [
+                Node("AB"[i], ns, ifname, backend, a4, a6, agent, port)
+                for i, (ns, ifname, backend, (a4, a6), agent, port) in enumerate(
+                    zip(names, ifs, backends, addrs, agents, ports, strict=True)
+                )
+            ]
             for n in nodes:
                 _wait_link_up(n)
             return cls(nodes[0], nodes[1], tag)
@@ -167,18 +218,19 @@ class TwoNodes:
             raise
 
     def netem(self, spec: str) -> None:
-        """Apply ``tc qdisc ... netem <spec>`` on both veth ends (e.g. ``loss 5% corrupt 5% duplicate
-        5%``)."""
+        """Apply a root netem qdisc ``spec`` on both veth ends (e.g. ``loss 5% corrupt 5% duplicate 5%``),
+        through pyroute2's tc; :class:`NetemUnavailable` when the kernel has no sch_netem."""
+        impair = parse_netem(spec)
         for n in self.nodes:
-            res = n.sh("tc", "qdisc", "replace", "dev", n.ifname, "root", "netem", *spec.split(), check=False)
-            if res.returncode != 0:
-                if "unknown" in res.stderr.lower():
-                    raise NetemUnavailable(f"kernel has no sch_netem: {res.stderr.strip()}")
-                raise RuntimeError(f"tc netem on {n.ifname} in {n.netns} failed: {res.stderr.strip()}")
+            try:
+                netns.set_netem(n.netns, n.ifname, impair)
+            except netns.NetemMissingError as exc:
+                raise NetemUnavailable(str(exc)) from exc
 
     def clear_netem(self) -> None:
         for n in self.nodes:
-            n.sh("tc", "qdisc", "del", "dev", n.ifname, "root", check=False)
+            with contextlib.suppress(netns.NetnsError):
+                netns.clear_netem(n.netns, n.ifname)
 
     def destroy(self) -> None:
         for n in self.nodes:
@@ -191,8 +243,7 @@ class TwoNodes:
 def _wait_link_up(node: Node, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        out = _run("ip", "-n", node.netns, "link", "show", node.ifname, check=False).stdout
-        if "LOWER_UP" in out:
+        if netns.link_is_up(node.netns, node.ifname):
             return
         time.sleep(0.05)
     raise RuntimeError(f"veth {node.ifname} in {node.netns} did not come up")
@@ -201,16 +252,14 @@ def _wait_link_up(node: Node, timeout: float = 10.0) -> None:
 def _delete_netns(ns: str) -> None:
     """Kill what still runs in the namespace (e.g. a userspace stack service our agent started), then
     delete it."""
-    res = _run("ip", "netns", "pids", ns, check=False)
-    for pid in res.stdout.split():
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid), signal.SIGTERM)
-    time.sleep(0.05)
-    res = _run("ip", "netns", "pids", ns, check=False)
-    for pid in res.stdout.split():
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid), signal.SIGKILL)
-    _run("ip", "netns", "del", ns, check=False)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in netns.netns_pids(ns):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        if sig == signal.SIGTERM:
+            time.sleep(0.05)
+    with contextlib.suppress(netns.NetnsError):
+        netns.delete_netns(ns)
 
 
 def describe(nodes: TwoNodes) -> dict[str, Any]:
