@@ -31,7 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--system-python", action="store_true", help="don't use the guest venv (Debian's python3)")
     r.add_argument("--keep-results", action="store_true", help="keep the shared results directory")
     r.add_argument(
-        "--copy-out", metavar="DIR", help="copy guest A's results directory ({results} in CMD) to DIR afterwards"
+        "--copy-out",
+        metavar="DIR",
+        help="copy guest A's results directory ({results} in CMD) to DIR afterwards",
     )
     r.add_argument("--verbose", "-v", action="store_true", help="show the guest kernel console")
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD...")
