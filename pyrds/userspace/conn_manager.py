@@ -21,12 +21,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pyrds.addr import IPAddress
-from pyrds.constants import RDS_FLAG_PROBE_PORT, InfoConnectionFlag
+from pyrds.constants import RDS_FLAG_PROBE_PORT, RDS_MPATH_WORKERS, InfoConnectionFlag
 from pyrds.userspace.ports import normalize
 from pyrds.userspace.proto.backoff import ReconnectBackoff
 from pyrds.userspace.proto.handshake import jhash_1word, should_dial
 from pyrds.userspace.proto.path import PathState
-from pyrds.userspace.proto.pathset import accept_path, next_dial
+from pyrds.userspace.proto.pathset import accept_path, is_tagged, next_dial
 from pyrds.userspace.sockstate import Outgoing
 from pyrds.userspace.tcp_transport import R, TcpPath
 
@@ -52,6 +52,7 @@ class TcpConn:
         self.npaths = 0
         self.probe_sent = False
         self.redial_backoff = False  # a path was lost: the next dial of path 0 waits
+        self.max_paths = RDS_MPATH_WORKERS  # 1 once a dialer that cannot pair paths (6.1) connected
         self.paths: list[TcpPath] = [TcpPath(self, 0)]
 
     def new_socket(self) -> socket.socket:
@@ -91,7 +92,7 @@ class TcpConn:
             self.send_probe()
 
     def negotiated(self, npaths: int) -> None:
-        self.npaths = npaths
+        self.npaths = min(npaths, self.max_paths)
         while len(self.paths) < npaths:
             self.paths.append(TcpPath(self, len(self.paths)))
         self.advance()
@@ -126,6 +127,12 @@ class TcpConn:
 
     def accept(self, s: socket.socket, peer_port: int) -> None:
         """An incoming connection for this (laddr, faddr) on the non-owner side (:func:`accept_path`)."""
+        if not is_tagged(peer_port) and self.npaths <= 1 and self.max_paths > 1:
+            # A 6.1 dialer re-dials its paths in parallel from random ports: nothing tells them apart, so
+            # a reset would cross their sequence spaces. Answer its probes with NPATHS=1: one path.
+            self.max_paths = 1
+            for p in self.paths:
+                p.engine.advertise_npaths = 1
         usable = self.paths[: max(1, self.npaths)]
         choice = accept_path(peer_port, [p.sock is not None for p in usable])
         if choice is None:

@@ -19,7 +19,13 @@ import enum
 from collections import deque
 from dataclasses import dataclass
 
-from pyrds.constants import RDS_CONG_MAP_BYTES, RDS_FLAG_PROBE_PORT, RDS_MAX_MSG_SIZE, HeaderFlag
+from pyrds.constants import (
+    RDS_CONG_MAP_BYTES,
+    RDS_FLAG_PROBE_PORT,
+    RDS_MAX_MSG_SIZE,
+    RDS_MPATH_WORKERS,
+    HeaderFlag,
+)
 from pyrds.userspace.proto.cong import CongestionMap, encode_cong_map_message
 from pyrds.userspace.proto.errors import ProtocolError
 from pyrds.userspace.proto.events import (
@@ -100,6 +106,7 @@ class PathEngine:
         self._npaths = 0
         self._peer_gen = 0
         self.pongs_dropped = 0
+        self.advertise_npaths = RDS_MPATH_WORKERS  # NPATHS on our probes and pongs
 
     # -- info ---------------------------------------------------------------------------------------------
     @property
@@ -182,7 +189,7 @@ class PathEngine:
 
     def send_probe(self) -> int:
         """Queue the multipath handshake ping (``rds_send_ping``): sport 1 -> dport 0 with NPATHS."""
-        return self.queue(RDS_FLAG_PROBE_PORT, 0, b"", exthdr=probe_exthdrs())
+        return self.queue(RDS_FLAG_PROBE_PORT, 0, b"", exthdr=probe_exthdrs(self.advertise_npaths))
 
     def queue_cong_map(self) -> None:
         """Send ``local_map`` before the next queued message (coalesces like ``c_map_queued``)."""
@@ -320,7 +327,7 @@ class PathEngine:
         if limit_m is not None and self.queued_msgs >= 2 * limit_m:
             self.pongs_dropped += 1
             return False
-        exthdr = probe_exthdrs() if dport == RDS_FLAG_PROBE_PORT else ()
+        exthdr = probe_exthdrs(self.advertise_npaths) if dport == RDS_FLAG_PROBE_PORT else ()
         self._enqueue(0, dport, b"", 0, exthdr)
         return True
 

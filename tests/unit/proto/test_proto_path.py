@@ -315,3 +315,18 @@ def test_local_map_is_shared_reference() -> None:
     shared.set(99)
     a.connection_made(0.0)
     assert CongestionMap.from_bytes(a.bytes_to_send()[48:]).test(99)
+
+
+def test_advertised_npaths_on_probe_and_pong() -> None:
+    """A stack that must stay on one path (a 6.1 dialer it cannot pair) says NPATHS=1 on probes and pongs."""
+    a, b, clock = pair()
+    a.bytes_to_send()
+    b.bytes_to_send()
+    b.advertise_npaths = 1
+    a.send_probe()
+    ev = b.feed(a.bytes_to_send(), clock.tick())
+    assert NpathsNegotiated(8) in ev
+    assert a.feed(b.bytes_to_send(), clock.tick()) == [PongReceived(1), NpathsNegotiated(1)]
+    b.send_probe()
+    h = RDSHeader.decode(b.bytes_to_send()[:48])
+    assert h.ext(ExtHeaderType.NPATHS) == ExtHeader.npaths(1)
