@@ -37,8 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pyrds.userspace.tcp")
 R, W = selectors.EVENT_READ, selectors.EVENT_WRITE
 ACK_POLL = 0.005
-CONFIRM_PROBE = 1.0  # owner: re-send the probe on an unconfirmed connection this often ...
-CONFIRM_TRIES = 3  # ... and count it as confirmed after this many (a peer with ping_enable=0 never answers)
+CONFIRM_TIMEOUT = 0.5  # owner: send on a new connection after this even if the peer sent nothing on it
 CLOSE_TIMEOUT = 5.0  # graceful close: give up waiting for the peer's FIN
 WRITE_CHUNK = 256 * 1024
 _OUTQ = struct.Struct("i")
@@ -76,9 +75,9 @@ class TcpPath:
 
     Closing is graceful whenever the stream is still sound (a reset, a send error, the peer's FIN): FIN, then
     read and deliver until the peer's FIN (or :data:`CLOSE_TIMEOUT`), because everything the peer's TCP saw
-    acked is freed by the peer and must not be thrown away unread. On the owner side a new connection sends a
-    probe after what it retransmits and is confirmed when the peer sends anything on it (its congestion map,
-    the pong); only then is the next path dialled (see :mod:`pyrds.userspace.proto.pathset`)."""
+    acked is freed by the peer and must not be thrown away unread. On the owner side a new connection carries
+    no data until it is confirmed: the peer sent anything on it (its congestion map) or CONFIRM_TIMEOUT
+    passed; only then is the next path dialled (see :mod:`pyrds.userspace.proto.pathset`)."""
 
     def __init__(self, conn: TcpConn, index: int) -> None:
         self.conn = conn
@@ -98,7 +97,6 @@ class TcpPath:
         self.dial_scheduled = False
         self.ack_scheduled = False
         self.confirmed = False
-        self.confirm_tries = 0
         self.closing = False
         self.gen = 0  # connection generation: stale timers compare it
         self.staged: deque[Outgoing] = deque()
@@ -196,31 +194,18 @@ class TcpPath:
         if self.index != 0:  # 6.1 sets c_map_queued on every path's connect; it tells the owner we accepted
             self.engine.queue_cong_map()
         if not self.confirmed:
-            # after the retransmissions: the pong proves the peer accepted this connection (a 6.1 acceptor
-            # only reads what arrives after its accept, so the probe also flushes what came before it)
-            self.engine.send_probe()
-            if self.index == 0:
-                self.conn.probe_sent = True
-            self.confirm_tries = 0
             gen = self.gen
-            svc.call_later(CONFIRM_PROBE, lambda: self._confirm_timeout(gen))
+            svc.call_later(CONFIRM_TIMEOUT, lambda: self._confirm_timeout(gen))
         if self.index == 0:
             self.conn.path0_up()
         self.flush()
 
     def _confirm_timeout(self, gen: int) -> None:
-        if gen != self.gen or self.confirmed or self.sock is None or self.closing:
-            return
-        self.confirm_tries += 1
-        if self.confirm_tries >= CONFIRM_TRIES:
+        if gen == self.gen:
             self.confirm()
-            return
-        self.engine.send_probe()
-        self.flush()
-        self.conn.mgr.svc.call_later(CONFIRM_PROBE, lambda: self._confirm_timeout(gen))
 
     def confirm(self) -> None:
-        """The peer accepted this connection (it sent something on it, or it never answered the probes)."""
+        """The peer accepted this connection (it sent something on it, or CONFIRM_TIMEOUT passed)."""
         if self.confirmed or self.sock is None or self.closing or not self.up:
             return
         self.confirmed = True
@@ -300,7 +285,7 @@ class TcpPath:
         s = self.sock
         if s is None:
             return
-        if self.up:
+        if self.up and self.confirmed:
             svc = self.conn.mgr.svc
             while self.staged:
                 self._to_engine(self.staged.popleft())

@@ -9,11 +9,10 @@ Nothing on the wire names the path, so both ends must agree on the pairing of TC
   index order, one at a time, each only after the peer has accepted the previous one, and only when all of the
   peer's paths are down: after any path is lost the owner closes every path gracefully (FIN, then reads until
   the peer's FIN, so nothing the peer's TCP acked is thrown away) and re-dials path 0, 1, ... in order
-  (:func:`next_dial`). A path counts as accepted ("confirmed") when the peer sent anything on it: its
-  congestion map (6.1 queues one on every path's connect, but any path may send it) or the pong to the probe
-  the owner sends on every new connection after its retransmissions. Not a timeout: under loss the last ACK
-  of a handshake can be lost, leaving the connection outside the peer's accept queue while the next one
-  overtakes it.
+  (:func:`next_dial`). A path counts as accepted ("confirmed") when the peer sent anything on it (a 6.1 peer
+  queues its congestion map on every path's connect) or after 0.5 s; data is held until then, because a 6.1
+  acceptor that resets a connection it could not place has already TCP-acked what arrived on it.
+  (Confirming by the pong to a probe sent after the retransmissions did worse in the guest.)
 * A pyrds owner dials from a source port that names the path (:func:`dial_port`): low byte
   ``PORT_TAG | index``. A pyrds acceptor pairs such a connection by that index and, if the path still holds an
   older connection, the new one replaces it (the owner only dials a path that it has closed). Untagged
