@@ -64,7 +64,6 @@ def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, im
         rb = nb.agent.wait(jb, timeout + 60)
     except Exception as exc:
         if impair == "netem" and kernel_involved:
-            rds_observe("netem_exactly_once", "no")
             pytest.xfail(f"{KERNEL_61_NETEM}: {type(exc).__name__}: {exc}")
         raise
     nodes.clear_netem()
@@ -76,7 +75,6 @@ def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, im
         and rb["sent"][ka] == ra["recv"][kb]
     )
     if impair == "netem" and kernel_involved and not exact:
-        rds_observe("netem_exactly_once", "no")
         pytest.xfail(f"{KERNEL_61_NETEM}: received A {ra['recv_n']} / B {rb['recv_n']} of {count}")
     assert ra["recv_n"] == {kb: count} and rb["recv_n"] == {ka: count}
     assert ra["sent"][kb] == rb["recv"][ka], "A->B digest mismatch: loss, duplicate or reordering"
