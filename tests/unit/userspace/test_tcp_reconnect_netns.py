@@ -1,6 +1,6 @@
 """Two userspace stacks in two network namespaces exchanging messages both ways while ~5% of the RDS/TCP
 packets are dropped (nftables ``numgen random``: works where sch_netem is missing) and both sides force
-reconnects over and over: a running SHA-256 per direction proves exactly-once, in-order delivery."""
+reconnects over and over (50,000 messages per direction): a running SHA-256 per direction proves exactly-once, in-order delivery."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
         pair.destroy()
 
 
-@pytest.mark.parametrize("count", [4000])
+# 50,000 messages per direction: the issue's exactly-once bar (about 35-60 s on the 2-core host)
+@pytest.mark.parametrize("count", [50_000])
 def test_exactly_once_under_loss_and_repeated_resets(nodes, tmp_path, count: int) -> None:
     na, nb = nodes.a, nodes.b
     a, b = na.socket(), nb.socket()
@@ -53,15 +54,15 @@ def test_exactly_once_under_loss_and_repeated_resets(nodes, tmp_path, count: int
     rules.write_text(LOSS_RULES)
     for n in nodes.nodes:
         n.sh("nft", "-f", str(rules))
-    timeout = 120.0
+    timeout = 600.0
     ja = na.agent.job(
         "pyrds.testing.workloads:exchange", [a], peers=[b.getsockname()], count=count, seed=3, timeout=timeout
     )
     jb = nb.agent.job(
         "pyrds.testing.workloads:exchange", [b], peers=[a.getsockname()], count=count, seed=3, timeout=timeout
     )
-    for i in range(8):
-        time.sleep(0.3)
+    for i in range(12):  # resets spread over the first ~25 s of the exchange, alternating sides
+        time.sleep(0.3 if i < 4 else 3.0)
         (na if i % 2 == 0 else nb).force_reconnect()
     ra = na.agent.wait(ja, timeout + 30)
     rb = nb.agent.wait(jb, timeout + 30)
