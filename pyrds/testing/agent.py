@@ -214,13 +214,23 @@ class Agent:
 
             self.proc = popen_in_netns(netns, argv, **pipes)
         self._lock = threading.Lock()
+        self.broken: str | None = None  # why the request/reply stream can no longer be trusted
         self.pid: int = self.request("getpid")
 
     def request(self, op: str, *args: Any) -> Any:
         assert self.proc.stdin is not None and self.proc.stdout is not None
+        if self.broken:
+            raise AgentError(f"[agent {self.name}] unusable: {self.broken}")
         with self._lock:
-            _write_frame(self.proc.stdin, (op, *args))  # type: ignore[arg-type]
-            reply = _read_frame(self.proc.stdout)  # type: ignore[arg-type]
+            try:
+                _write_frame(self.proc.stdin, (op, *args))  # type: ignore[arg-type]
+                reply = _read_frame(self.proc.stdout)  # type: ignore[arg-type]
+            except BaseException as exc:
+                # Interrupted between request and reply (a test timeout's signal, EOF, ...): the reply may
+                # still come and would be read as the answer to the next request. Never reuse this agent.
+                self.broken = f"{op} interrupted by {type(exc).__name__}: {exc}"
+                self.proc.kill()
+                raise
         if reply[0] == "ok":
             return reply[1]
         if reply[0] == "oserror":
@@ -239,7 +249,7 @@ class Agent:
         return self.request("wait", jid, timeout)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and not self.broken:
             try:
                 self.request("exit")
             except (EOFError, OSError, BrokenPipeError):

@@ -270,6 +270,9 @@ def _rds_topology(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 @pytest.fixture
 def rds_two_nodes(_rds_topology: Any) -> Iterator[Any]:
+    if not _rds_topology.healthy():
+        # an earlier test left an agent unusable (timeout): fresh namespaces and agents
+        _rds_topology.rebuild()
     yield _rds_topology
     _rds_topology.clear_netem()
     for n in _rds_topology.nodes:

@@ -232,9 +232,22 @@ class TwoNodes:
             with contextlib.suppress(netns.NetnsError):
                 netns.clear_netem(n.netns, n.ifname)
 
+    def healthy(self) -> bool:
+        """False once an agent's request stream was interrupted (a test timeout) or its process died."""
+        return all(n.agent.broken is None and n.agent.proc.poll() is None for n in self.nodes)
+
+    def rebuild(self) -> None:
+        """Replace both namespaces and agents with fresh ones (same backends), in place."""
+        backends = [n.backend for n in self.nodes]
+        self.destroy()
+        fresh = TwoNodes.create(backends)
+        self.__dict__.update(fresh.__dict__)
+
     def destroy(self) -> None:
         for n in self.nodes:
-            n.close_sockets()
+            if n.agent.broken is None:
+                with contextlib.suppress(Exception):
+                    n.close_sockets()
             n.agent.close()
         for n in self.nodes:
             _delete_netns(n.netns)

@@ -1,6 +1,7 @@
 """Two userspace stacks in two network namespaces exchanging messages both ways while ~5% of the RDS/TCP
 packets are dropped (nftables ``numgen random``: works where sch_netem is missing) and both sides force
-reconnects over and over (50,000 messages per direction): a running SHA-256 per direction proves exactly-once, in-order delivery."""
+reconnects over and over (50,000 messages per direction): a running SHA-256 per direction proves
+exactly-once, in-order delivery."""
 
 from __future__ import annotations
 
