@@ -109,6 +109,11 @@ def drain(socks: Sequence[Any], *, count: int, timeout: float = 60.0) -> list[by
     return [sock.recv(1 << 20) for _ in range(count)]
 
 
+def sleep(socks: Sequence[Any], *, seconds: float) -> None:
+    """Do nothing for ``seconds`` (a job that keeps ``wait`` blocked, for harness tests)."""
+    time.sleep(seconds)
+
+
 def userspace_force_reconnect(socks: Sequence[Any]) -> None:
     """The userspace stack's equivalent of writing net.rds.tcp.rds_tcp_sndbuf: drop all TCP paths."""
     for modname, fn in (
