@@ -76,7 +76,9 @@ class Side:
         self.ports: dict[int, str] = {}
 
     def norm(self, value: Any) -> Any:
-        if isinstance(value, tuple) and len(value) in (2, 4) and isinstance(value[0], str):
+        # an address: (host, port[, flowinfo, scope_id]); ('ok', value) outcome pairs are recursed into
+        is_addr = isinstance(value, tuple) and len(value) in (2, 4) and isinstance(value[0], str)
+        if is_addr and isinstance(value[1], int):
             return (value[0], self.ports.get(value[1], value[1]), *value[2:])
         if isinstance(value, tuple):
             return tuple(self.norm(v) for v in value)
