@@ -64,6 +64,15 @@ class MessageFramer:
         self._header = None
         self._error = None
 
+    def _length_error(self, header: RDSHeader) -> ProtocolError | None:
+        """h_len over the limit poisons the stream (the connection is dropped): remember and return it."""
+        if header.length <= self.max_len:
+            return None
+        self._error = ProtocolError(
+            "msg_too_long", f"h_len {header.length} > {self.max_len} (seq {header.sequence})"
+        )
+        return self._error
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Consume ``data``; return every message it completes, in stream order."""
         if self._error is not None:
@@ -76,13 +85,11 @@ class MessageFramer:
             if self._header is None and not self._hbuf and end - pos >= RDS_HEADER_SIZE:
                 # a whole header here (the usual case): no staging copy; a whole payload: one copy
                 header = RDSHeader.decode(view[pos : pos + RDS_HEADER_SIZE])
-                if header.length > self.max_len:
-                    self._error = ProtocolError(
-                        "msg_too_long", f"h_len {header.length} > {self.max_len} (seq {header.sequence})"
-                    )
+                err = self._length_error(header)
+                if err is not None:
                     if frames:
                         return frames
-                    raise self._error
+                    raise err
                 pos += RDS_HEADER_SIZE
                 if end - pos >= header.length:
                     frames.append(Frame(header, bytes(view[pos : pos + header.length])))
@@ -97,13 +104,11 @@ class MessageFramer:
                     break
                 header = RDSHeader.decode(self._hbuf)
                 self._hbuf.clear()
-                if header.length > self.max_len:
-                    self._error = ProtocolError(
-                        "msg_too_long", f"h_len {header.length} > {self.max_len} (seq {header.sequence})"
-                    )
+                err = self._length_error(header)
+                if err is not None:
                     if frames:
                         return frames
-                    raise self._error
+                    raise err
                 if header.length == 0:
                     frames.append(Frame(header, b""))
                     continue

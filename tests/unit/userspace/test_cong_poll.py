@@ -12,6 +12,7 @@ import pytest
 
 from pyrds.constants import SOL_RDS, InfoType, SockOpt, Transport
 from pyrds.info import counters_dict
+from pyrds.testing.helpers import ALL_EVENTS
 from pyrds.userspace import RDSSocket
 from pyrds.userspace.congestion import ALL_PORTS, CongestionTable
 from pyrds.userspace.counters import EXTRA_NAMES, new_counters, stack_counters
@@ -19,14 +20,7 @@ from pyrds.userspace.proto.cong import CongestionMap
 from pyrds.userspace.readiness import Readiness
 from pyrds.userspace.sockstate import SockState
 
-ALL = (
-    select.POLLIN
-    | select.POLLOUT
-    | select.POLLPRI
-    | select.POLLRDNORM
-    | select.POLLWRNORM
-    | select.POLLWRBAND
-)
+ALL = ALL_EVENTS
 OUT = select.POLLOUT | select.POLLWRNORM
 IN = select.POLLIN | select.POLLRDNORM
 
