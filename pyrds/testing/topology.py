@@ -232,6 +232,18 @@ class TwoNodes:
             with contextlib.suppress(netns.NetnsError):
                 netns.clear_netem(n.netns, n.ifname)
 
+    def bound_pair(self) -> tuple[RemoteSocket, RemoteSocket]:
+        """A socket on each node bound to its IPv4 address (port chosen by the stack), with the A->B
+        connection brought up by one delivered "hello" (B then has a 30 s timeout)."""
+        a, b = self.a.socket(), self.b.socket()
+        a.bind((self.a.addr4, 0))
+        b.bind((self.b.addr4, 0))
+        a.sendto(b"hello", b.getsockname())
+        b.settimeout(30)
+        if b.recv(10) != b"hello":
+            raise AssertionError("the first message A->B did not arrive intact")
+        return a, b
+
     def healthy(self) -> bool:
         """False once an agent's request stream was interrupted (a test timeout) or its process died."""
         return all(n.agent.broken is None and n.agent.proc.poll() is None for n in self.nodes)

@@ -33,13 +33,7 @@ KERNEL_61_NETEM = "6.1 RDS/TCP is not exactly-once under netem loss/corrupt/dupl
 def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, impair):
     nodes = rds_two_nodes
     na, nb = nodes.a, nodes.b
-    a, b = na.socket(), nb.socket()
-    a.bind((na.addr4, 0))
-    b.bind((nb.addr4, 0))
-    # bring the connection up before impairing it
-    a.sendto(b"hello", b.getsockname())
-    b.settimeout(30)
-    assert b.recv(10) == b"hello"
+    a, b = nodes.bound_pair()  # the connection is up before it is impaired
     if impair == "netem":
         try:
             nodes.netem(NETEM)

@@ -45,12 +45,7 @@ def nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
 @pytest.mark.parametrize("count", [50_000])
 def test_exactly_once_under_loss_and_repeated_resets(nodes, tmp_path, count: int) -> None:
     na, nb = nodes.a, nodes.b
-    a, b = na.socket(), nb.socket()
-    a.bind((na.addr4, 0))
-    b.bind((nb.addr4, 0))
-    a.sendto(b"hello", b.getsockname())
-    b.settimeout(30)
-    assert b.recv(10) == b"hello"
+    a, b = nodes.bound_pair()
     rules = tmp_path / "loss.nft"
     rules.write_text(LOSS_RULES)
     for n in nodes.nodes:
