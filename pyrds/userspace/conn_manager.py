@@ -26,7 +26,7 @@ from pyrds.userspace.ports import normalize
 from pyrds.userspace.proto.backoff import ReconnectBackoff
 from pyrds.userspace.proto.handshake import jhash_1word, should_dial
 from pyrds.userspace.proto.path import PathState
-from pyrds.userspace.proto.pathset import accept_path, is_tagged, next_dial
+from pyrds.userspace.proto.pathset import accept_path, next_dial, pyrds_dialer_port
 from pyrds.userspace.sockstate import Outgoing
 from pyrds.userspace.tcp_transport import R, TcpPath
 
@@ -127,14 +127,15 @@ class TcpConn:
 
     def accept(self, s: socket.socket, peer_port: int) -> None:
         """An incoming connection for this (laddr, faddr) on the non-owner side (:func:`accept_path`)."""
-        if not is_tagged(peer_port) and self.npaths <= 1 and self.max_paths > 1:
+        tagged = pyrds_dialer_port(peer_port, self.npaths, peer_is_61=self.max_paths == 1)
+        if tagged is None and self.npaths <= 1 and self.max_paths > 1:
             # A 6.1 dialer re-dials its paths in parallel from random ports: nothing tells them apart, so
             # a reset would cross their sequence spaces. Answer its probes with NPATHS=1: one path.
             self.max_paths = 1
             for p in self.paths:
                 p.engine.advertise_npaths = 1
         usable = self.paths[: max(1, self.npaths)]
-        choice = accept_path(peer_port, [p.sock is not None for p in usable])
+        choice = accept_path(tagged, [p.sock is not None for p in usable])
         if choice is None:
             self.mgr.stack.counters["tcp_connect_raced"] += 1
             s.close()

@@ -16,7 +16,9 @@ Nothing on the wire names the path, so both ends must agree on the pairing of TC
 * A pyrds owner dials from a source port that names the path (:func:`dial_port`): low byte
   ``PORT_TAG | index``. A pyrds acceptor pairs such a connection by that index and, if the path still holds an
   older connection, the new one replaces it (the owner only dials a path that it has closed). Untagged
-  connections (a 6.1 kernel dialling) get the first free path, as in 6.1 (:func:`accept_path`).
+  connections (a 6.1 kernel dialling) get the first free path, as in 6.1, or with a single path replace the
+  stale one (:func:`accept_path`). 6.1's random source ports look tagged one time in 32: a tag counts only
+  for index 0 before the handshake and never once the peer is known to be 6.1 (:meth:`TcpConn.accept`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 
 from pyrds.constants import RDS_MPATH_WORKERS
 
-__all__ = ["PORT_TAG", "Lane", "accept_path", "dial_port", "is_tagged", "next_dial"]
+__all__ = ["PORT_TAG", "Lane", "accept_path", "dial_port", "is_tagged", "next_dial", "pyrds_dialer_port"]
 
 PORT_TAG = 0xA8  # low byte of a pyrds dialer's source port: 0xA8 | index (index < 8)
 _PORT_LO, _PORT_HI = 32768, 60999
@@ -54,10 +56,26 @@ def is_tagged(port: int) -> bool:
     return port & 0xF8 == PORT_TAG
 
 
-def accept_path(peer_port: int, busy: Sequence[bool]) -> tuple[int, bool] | None:
+def pyrds_dialer_port(peer_port: int, npaths: int, peer_is_61: bool) -> int | None:
+    """``peer_port`` if it names a pyrds dialer's path, else None. 6.1 picks source ports at random, so one in
+    32 looks tagged: before the handshake (``npaths`` <= 1) only a tag for path 0 is believed (a pyrds owner
+    dials paths > 0 after it), and none once the dialer is known to be 6.1."""
+    if peer_is_61 or not is_tagged(peer_port):
+        return None
+    if peer_port & 7 != 0 and npaths <= 1:
+        return None
+    return peer_port
+
+
+def accept_path(peer_port: int | None, busy: Sequence[bool]) -> tuple[int, bool] | None:
     """The acceptor's choice for an incoming connection: ``(path index, replaces an open connection)``, or
-    None to refuse it. ``busy[i]``: path i has a connection; ``len(busy)`` is the number of usable paths."""
-    if is_tagged(peer_port):
+    None to refuse it. ``peer_port``: a pyrds dialer's tagged source port, None for any other dialer.
+    ``busy[i]``: path i has a connection; ``len(busy)`` is the number of usable paths.
+
+    A single-path dialer that is not pyrds (6.1) only dials again when its connection is dead, and it writes
+    on the new connection as soon as TCP completes: refusing it would throw away what our TCP already acked,
+    so the new connection replaces the stale one."""
+    if peer_port is not None:
         index = peer_port & 7
         if index >= len(busy):
             return None
@@ -65,6 +83,8 @@ def accept_path(peer_port: int, busy: Sequence[bool]) -> tuple[int, bool] | None
     for index, used in enumerate(busy):
         if not used:
             return index, False
+    if len(busy) == 1:
+        return 0, True
     return None
 
 

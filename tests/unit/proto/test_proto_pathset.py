@@ -6,7 +6,15 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyrds.userspace.proto.pathset import PORT_TAG, Lane, accept_path, dial_port, is_tagged, next_dial
+from pyrds.userspace.proto.pathset import (
+    PORT_TAG,
+    Lane,
+    accept_path,
+    dial_port,
+    is_tagged,
+    next_dial,
+    pyrds_dialer_port,
+)
 
 
 def test_dial_port_names_the_path() -> None:
@@ -25,8 +33,24 @@ def test_accept_tagged_pairs_by_index_and_replaces_stale() -> None:
 
 
 def test_accept_untagged_first_free_like_6_1() -> None:
-    assert accept_path(40001, [True, False, False]) == (1, False)
-    assert accept_path(40001, [True, True]) is None
+    assert accept_path(None, [True, False, False]) == (1, False)
+    assert accept_path(None, [True, True]) is None
+
+
+def test_accept_single_path_redial_replaces_instead_of_refusing() -> None:
+    # A 6.1 dialer writes as soon as TCP connects: refusing would discard what our TCP acked on it.
+    assert accept_path(None, [True]) == (0, True)
+    assert accept_path(None, [False]) == (0, False)
+
+
+def test_random_ports_that_look_tagged_are_believed_only_where_a_pyrds_owner_could_dial() -> None:
+    p0, p3 = dial_port(7, 0), dial_port(7, 3)
+    assert pyrds_dialer_port(p0, 0, peer_is_61=False) == p0
+    assert pyrds_dialer_port(p3, 0, peer_is_61=False) is None  # no handshake yet: not a pyrds path 3
+    assert pyrds_dialer_port(p3, 1, peer_is_61=False) is None
+    assert pyrds_dialer_port(p3, 4, peer_is_61=False) == p3
+    assert pyrds_dialer_port(p0, 4, peer_is_61=True) is None  # a known 6.1 dialer: every port is random
+    assert pyrds_dialer_port(40001, 4, peer_is_61=False) is None
 
 
 def test_next_dial_in_order_one_at_a_time() -> None:

@@ -31,6 +31,7 @@ print("ok", c["tcp_protocol_error"], len(s.get_info(InfoType.RDS_INFO_TCP_SOCKET
 
 _SEND = """
 import socket, subprocess, sys, time, pyrds
+from pyrds.userspace.proto.pathset import dial_port
 n = int(sys.argv[1]); port = int(sys.argv[2]); kill = sys.argv[3] == "1"
 s = pyrds.socket("userspace"); s.bind(("10.77.0.1", 0))
 for i in range(n):
@@ -40,7 +41,9 @@ for i in range(n):
         if kill:
             out = subprocess.run(["ss", "-K", "dst", "10.77.0.9"], check=True, capture_output=True, text=True)
             assert "10.77.0.9:" in out.stdout, out.stdout
-        g = socket.create_connection(("10.77.0.9", port), source_address=("10.77.0.5", 0))
+        # a source port that looks like a pyrds dialer's path 5 (6.1 random ports do, 1 in 32): before
+        # any handshake it must be read like any other dialer's connection, then dropped and counted
+        g = socket.create_connection(("10.77.0.9", port), source_address=("10.77.0.5", dial_port(11, 5)))
         g.sendall(b"\\xff" * 4096)
 s.settimeout(10)
 s.sendto(b"", ("10.77.0.9", 0))  # RDS ping: the peer's stack answers with an empty pong from port 0
