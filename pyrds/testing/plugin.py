@@ -114,16 +114,17 @@ def _labels_of(item: pytest.Item) -> tuple[str, str] | None:
         return None
     params: dict[str, Any] = dict(callspec.params)
     if "rds_backend" in params:
-        backend = str(params.pop("rds_backend"))
+        backend = param_id = str(params.pop("rds_backend"))
     elif "_rds_topology" in params:
-        backend = pair_label(str(params.pop("_rds_topology")))
+        param_id = str(params.pop("_rds_topology"))  # "kernel-kernel": its id is both words, not the label
+        backend = pair_label(param_id)
     else:
         return None
     name = getattr(item, "originalname", item.name)
     scenario = f"{mod}::{name}"
     if "[" in item.name and params:
         parts = item.name[item.name.index("[") + 1 : -1].split("-")
-        drop = (backend if ":" not in backend else backend.split(":", 1)[1]).split("-")
+        drop = param_id.split("-")
         for i in range(len(parts) - len(drop) + 1):
             if parts[i : i + len(drop)] == drop:
                 del parts[i : i + len(drop)]

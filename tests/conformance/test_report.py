@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pyrds.testing import report
 from pyrds.testing.report import Run, build
 
@@ -38,9 +40,18 @@ def test_accepted_divergence():
 
 def test_main_exit_status(tmp_path):
     results = tmp_path / "r.json"
-    tests = [{"nodeid": r.nodeid, "outcome": r.outcome, "props": {"rds_scenario": r.scenario,
-              "rds_backend": r.backend, **{f"rds_obs.{k}": v for k, v in r.observations.items()}}}
-             for r in _runs()]
+    tests = [
+        {
+            "nodeid": r.nodeid,
+            "outcome": r.outcome,
+            "props": {
+                "rds_scenario": r.scenario,
+                "rds_backend": r.backend,
+                **{f"rds_obs.{k}": v for k, v in r.observations.items()},
+            },
+        }
+        for r in _runs()
+    ]
     results.write_text(json.dumps({"tests": tests}))
     accepted = tmp_path / "acc.toml"
     accepted.write_text("")
@@ -49,3 +60,38 @@ def test_main_exit_status(tmp_path):
     assert report.main(["--results", str(results), "--accepted", str(accepted), "--out", str(tmp_path)]) == 0
     md = (tmp_path / "conformance-report.md").read_text()
     assert "ACCEPTED: known" in md and "| `m.py::t_same` | pass | pass |" in md
+
+
+def _item(nodeid, params):
+    from types import SimpleNamespace
+
+    name = nodeid.split("::")[-1]
+    return SimpleNamespace(
+        nodeid=nodeid,
+        name=name,
+        originalname=name.split("[")[0],
+        callspec=SimpleNamespace(params=params),
+        get_closest_marker=lambda _name: None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("pair", "label"),
+    [
+        ("kernel-kernel", "kernel"),
+        ("userspace-userspace", "userspace"),
+        ("kernel-userspace", "mixed:kernel-userspace"),
+    ],
+)
+def test_two_node_scenarios_share_one_name_across_pairings(pair, label):
+    """A same-backend pair's id has the backend twice ("kernel-kernel"): both words go, or its rows never
+    line up with the mixed pairings and nothing is compared."""
+    from pyrds.testing.plugin import _labels_of
+
+    sel = _item(
+        f"tests/conformance/test_selftest.py::test_selftest_exactly_once[{pair}-netem]",
+        {"_rds_topology": pair, "impair": "netem"},
+    )
+    assert _labels_of(sel) == ("test_selftest.py::test_selftest_exactly_once[netem]", label)
+    plain = _item(f"tests/conformance/test_two_nodes.py::test_tcp_roundtrip[{pair}]", {"_rds_topology": pair})
+    assert _labels_of(plain) == ("test_two_nodes.py::test_tcp_roundtrip", label)
