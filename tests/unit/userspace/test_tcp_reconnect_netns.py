@@ -1,11 +1,13 @@
 """Two userspace stacks in two network namespaces exchanging messages both ways while ~5% of the RDS/TCP
-packets are dropped (nftables ``numgen random``: works where sch_netem is missing) and both sides force
-reconnects over and over (50,000 messages per direction): a running SHA-256 per direction proves
-exactly-once, in-order delivery."""
+packets are dropped and ~5% duplicated (nftables ``numgen random`` with ``drop`` and ``dup``: works where
+sch_netem is missing) and both sides force reconnects over and over (50,000 messages per direction): a running
+SHA-256 per direction proves exactly-once, in-order delivery. netem's third impairment, corruption, reaches
+TCP as a checksum failure, i.e. one more loss; the guest's selftest scenario runs real netem."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -25,6 +27,20 @@ LOSS_RULES = """table inet pyrds_loss {
  }
 }
 """
+
+DUP_RULES = """table ip pyrds_dup {{
+ chain out {{
+  type filter hook output priority 0; policy accept;
+  tcp dport 16385 numgen random mod 20 == 1 counter dup to {peer} device "{ifname}"
+  tcp sport 16385 numgen random mod 20 == 1 counter dup to {peer} device "{ifname}"
+ }}
+}}
+"""
+
+
+def _dup_count(node: object) -> int:
+    out = node.sh("nft", "list", "table", "ip", "pyrds_dup").stdout  # type: ignore[attr-defined]
+    return sum(int(m) for m in re.findall(r"counter packets (\d+)", out))
 
 
 @pytest.fixture
@@ -48,8 +64,11 @@ def test_exactly_once_under_loss_and_repeated_resets(nodes, tmp_path, count: int
     a, b = nodes.bound_pair()
     rules = tmp_path / "loss.nft"
     rules.write_text(LOSS_RULES)
-    for n in nodes.nodes:
+    for n, peer in ((na, nb), (nb, na)):
         n.sh("nft", "-f", str(rules))
+        dup = tmp_path / f"dup-{n.name}.nft"
+        dup.write_text(DUP_RULES.format(peer=peer.addr4, ifname=n.ifname))
+        n.sh("nft", "-f", str(dup))
     timeout = 600.0
     ja = na.agent.job(
         "pyrds.testing.workloads:exchange", [a], peers=[b.getsockname()], count=count, seed=3, timeout=timeout
@@ -67,3 +86,4 @@ def test_exactly_once_under_loss_and_repeated_resets(nodes, tmp_path, count: int
     assert ra["sent"][kb] == rb["recv"][ka], "A->B: loss, duplicate or reordering"
     assert rb["sent"][ka] == ra["recv"][kb], "B->A: loss, duplicate or reordering"
     assert counters_dict(a.get_info(InfoType.RDS_INFO_COUNTERS))["conn_reset"] >= 4
+    assert _dup_count(na) > 0 and _dup_count(nb) > 0  # duplicates were really injected
