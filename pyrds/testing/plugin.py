@@ -193,6 +193,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     elif report.skipped and entry["outcome"] == "passed":
         if hasattr(report, "wasxfail"):
             entry["outcome"] = "xfailed"
+            entry["reason"] = str(report.wasxfail)  # what the test saw (shown beside the divergence)
         else:
             entry["outcome"] = "skipped"
             lr = report.longrepr

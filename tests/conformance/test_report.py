@@ -95,3 +95,30 @@ def test_two_node_scenarios_share_one_name_across_pairings(pair, label):
     assert _labels_of(sel) == ("test_selftest.py::test_selftest_exactly_once[netem]", label)
     plain = _item(f"tests/conformance/test_two_nodes.py::test_tcp_roundtrip[{pair}]", {"_rds_topology": pair})
     assert _labels_of(plain) == ("test_two_nodes.py::test_tcp_roundtrip", label)
+
+
+def test_xfail_reason_reaches_the_results():
+    """An xfail's message (e.g. how many messages arrived) is kept for the report, not just 'xfailed'."""
+    from types import SimpleNamespace
+
+    from pyrds.testing import plugin
+
+    config = SimpleNamespace(_pyrds_results={})
+    saved = getattr(plugin.pytest_runtest_logreport, "_config", None)  # this very run may be recording
+    plugin.pytest_runtest_logreport._config = config
+    try:
+        rep = SimpleNamespace(
+            nodeid="t.py::x[kernel]",
+            user_properties=[("rds_backend", "kernel")],
+            failed=False,
+            skipped=True,
+            wasxfail="reason: received 1992 of 2000",
+            when="call",
+            duration=0.5,
+            longrepr=None,
+        )
+        plugin.pytest_runtest_logreport(rep)
+    finally:
+        plugin.pytest_runtest_logreport._config = saved
+    entry = config._pyrds_results["t.py::x[kernel]"]
+    assert entry["outcome"] == "xfailed" and "1992 of 2000" in entry["reason"]
