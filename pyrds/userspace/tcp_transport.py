@@ -28,7 +28,7 @@ from pyrds.userspace.proto.events import (
     PingReceived,
 )
 from pyrds.userspace.proto.path import PathEngine, PathState
-from pyrds.userspace.proto.pathset import Lane, dial_port
+from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, Lane, dial_port
 from pyrds.userspace.sockstate import Incoming, Outgoing
 
 if TYPE_CHECKING:
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("pyrds.userspace.tcp")
 R, W = selectors.EVENT_READ, selectors.EVENT_WRITE
 ACK_POLL = 0.005
-CONFIRM_TIMEOUT = 0.5  # owner: send on a new connection after this even if the peer sent nothing on it
+CONFIRM_POLL = 0.01  # owner: how often an unconfirmed connection checks whether its preamble was acked
+CONFIRM_TIMEOUT = 5.0  # owner: send on a new connection after this even if nothing confirmed it
 CLOSE_TIMEOUT = 5.0  # graceful close: give up waiting for the peer's FIN
 WRITE_CHUNK = 256 * 1024
 _OUTQ = struct.Struct("i")
@@ -76,8 +77,9 @@ class TcpPath:
     Closing is graceful whenever the stream is still sound (a reset, a send error, the peer's FIN): FIN, then
     read and deliver until the peer's FIN (or :data:`CLOSE_TIMEOUT`), because everything the peer's TCP saw
     acked is freed by the peer and must not be thrown away unread. On the owner side a new connection carries
-    no data until it is confirmed: the peer sent anything on it (its congestion map) or CONFIRM_TIMEOUT
-    passed; only then is the next path dialled (see :mod:`pyrds.userspace.proto.pathset`)."""
+    no data until it is confirmed: the peer sent anything on it (its congestion map), TCP acked the
+    :data:`OWNER_PREAMBLE` written first, or CONFIRM_TIMEOUT passed; only then is the next path dialled (see
+    :mod:`pyrds.userspace.proto.pathset`)."""
 
     def __init__(self, conn: TcpConn, index: int) -> None:
         self.conn = conn
@@ -195,17 +197,36 @@ class TcpPath:
             self.engine.queue_cong_map()
         if not self.confirmed:
             gen = self.gen
-            svc.call_later(CONFIRM_TIMEOUT, lambda: self._confirm_timeout(gen))
+            try:
+                sent = s.send(OWNER_PREAMBLE)  # outside wire_bytes: it precedes every engine byte
+            except OSError:
+                sent = 0
+            deadline = time.monotonic() + CONFIRM_TIMEOUT
+            if sent == len(OWNER_PREAMBLE):
+                svc.call_later(CONFIRM_POLL, lambda: self._confirm_poll(gen, deadline))
+            else:
+                svc.call_later(CONFIRM_TIMEOUT, lambda: self._confirm_poll(gen, deadline))
         if self.index == 0:
             self.conn.path0_up()
         self.flush()
 
-    def _confirm_timeout(self, gen: int) -> None:
-        if gen == self.gen:
+    def _confirm_poll(self, gen: int, deadline: float) -> None:
+        """Owner: confirm once the peer's TCP acked the preamble (nothing else is written yet), else at the
+        deadline."""
+        if gen != self.gen or self.confirmed or self.sock is None:
+            return
+        try:
+            outq: int = _OUTQ.unpack(fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        except OSError:
+            outq = -1
+        if outq == 0 or time.monotonic() >= deadline:
             self.confirm()
+        else:
+            self.conn.mgr.svc.call_later(CONFIRM_POLL, lambda: self._confirm_poll(gen, deadline))
 
     def confirm(self) -> None:
-        """The peer accepted this connection (it sent something on it, or CONFIRM_TIMEOUT passed)."""
+        """The peer accepted this connection (it sent something on it, acked the preamble, or
+        CONFIRM_TIMEOUT passed)."""
         if self.confirmed or self.sock is None or self.closing or not self.up:
             return
         self.confirmed = True

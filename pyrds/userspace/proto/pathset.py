@@ -13,6 +13,10 @@ Nothing on the wire names the path, so both ends must agree on the pairing of TC
   queues its congestion map on every path's connect) or after 0.5 s; data is held until then, because a 6.1
   acceptor that resets a connection it could not place has already TCP-acked what arrived on it.
   (Confirming by the pong to a probe sent after the retransmissions did worse in the guest.)
+  The 0.5 s alone was not enough: when the final ACK of path k's handshake is lost (netem), 6.1 has not
+  accepted path k yet, so the next dial can complete first and take 6.1's path k. So the owner also writes
+  :data:`OWNER_PREAMBLE` on every new connection and counts it accepted once TCP acks it: the peer's socket
+  is then established and queued for accept ahead of any later dial, and 6.1 accepts in queue order.
 * A pyrds owner dials from a source port that names the path (:func:`dial_port`): low byte
   ``PORT_TAG | index``. A pyrds acceptor pairs such a connection by that index and, if the path still holds an
   older connection, the new one replaces it (the owner only dials a path that it has closed). Untagged
@@ -26,10 +30,25 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from pyrds.constants import RDS_MPATH_WORKERS
+from pyrds.constants import RDS_MPATH_WORKERS, HeaderFlag
+from pyrds.userspace.proto.header import RDSHeader
 
-__all__ = ["PORT_TAG", "Lane", "accept_path", "dial_port", "is_tagged", "next_dial", "pyrds_dialer_port"]
+__all__ = [
+    "OWNER_PREAMBLE",
+    "PORT_TAG",
+    "Lane",
+    "accept_path",
+    "dial_port",
+    "is_tagged",
+    "next_dial",
+    "pyrds_dialer_port",
+]
 
+#: Written by the owner first on every new connection, outside the path's sequence space: seq 0 with
+#: RETRANSMITTED, ports 0 -> 0, no payload. Every receiver drops it without effect (``seq < next_rx_seq`` with
+#: RETRANSMITTED is an old duplicate; on a fresh path it is a ping from port 0, which is ignored), while TCP's
+#: ack of it tells the owner that the peer's socket is established (see the module doc).
+OWNER_PREAMBLE = RDSHeader(sequence=0, flags=HeaderFlag.RETRANSMITTED).encode()
 PORT_TAG = 0xA8  # low byte of a pyrds dialer's source port: 0xA8 | index (index < 8)
 _PORT_LO, _PORT_HI = 32768, 60999
 

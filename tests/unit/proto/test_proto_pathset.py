@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyrds.userspace.proto.pathset import (
+    OWNER_PREAMBLE,
     PORT_TAG,
     Lane,
     accept_path,
@@ -141,3 +142,23 @@ def test_independent_redial_would_cross_paths_on_a_6_1_acceptor() -> None:
         assert peer.accept(0) == i
     peer.up[1] = peer.up[3] = False  # paths 1 and 3 dropped; the owner re-dials 3 first
     assert peer.accept(0) == 1  # our path 3 now feeds the peer's path 1: sequence spaces crossed
+
+
+def test_owner_preamble_is_dropped_without_effect_fresh_and_after_traffic() -> None:
+    from pyrds.userspace.proto.events import DuplicateDropped, MessageReceived, PingReceived
+    from pyrds.userspace.proto.path import PathEngine
+
+    b = PathEngine("10.0.0.2", "10.0.0.1", 1)
+    b.connection_made(0.0)
+    assert b.feed(OWNER_PREAMBLE, 0.1) == []  # fresh path: a ping from port 0, ignored (no pong)
+    assert b.bytes_to_send() == b""
+    a = PathEngine("10.0.0.1", "10.0.0.2", 1)
+    a.connection_made(0.0)
+    a.queue(4000, 5000, b"one")
+    ev = b.feed(a.bytes_to_send(), 0.2)
+    assert [e.payload for e in ev if isinstance(e, MessageReceived)] == [b"one"]
+    before = b.next_rx_seq
+    ev = b.feed(OWNER_PREAMBLE, 0.3)  # after traffic: an old duplicate
+    assert len(ev) == 1 and isinstance(ev[0], DuplicateDropped)
+    assert not any(isinstance(e, PingReceived | MessageReceived) for e in ev)
+    assert b.next_rx_seq == before
