@@ -6,6 +6,7 @@ import errno
 import select
 import socket
 import struct
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -111,3 +112,13 @@ def drain_nonblocking(sock: Any, bufsize: int = 1 << 20) -> list[tuple[bytes, An
             if exc.errno == errno.EAGAIN:
                 return out
             raise
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL (a server started for a test)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -19,6 +19,7 @@ import pytest
 
 from pyrds.constants import RDS_TCP_PORT
 from pyrds.netns import popen_in_netns
+from pyrds.testing.helpers import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "pyrds.cli.main"]
@@ -31,8 +32,9 @@ def _env(node) -> dict[str, str]:
     return env
 
 
-def run_cli(node, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    proc = popen_in_netns(
+def spawn_cli(node, *args: str) -> subprocess.Popen[str]:
+    """``pyrds ARGS`` started inside the node's namespace with the node's environment."""
+    return popen_in_netns(
         node.netns,
         [*CLI, *args],
         stdout=subprocess.PIPE,
@@ -41,6 +43,10 @@ def run_cli(node, *args: str, timeout: float = 120.0) -> subprocess.CompletedPro
         env=_env(node),
         cwd=ROOT,
     )
+
+
+def run_cli(node, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    proc = spawn_cli(node, *args)
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
@@ -54,14 +60,8 @@ def run_cli(node, *args: str, timeout: float = 120.0) -> subprocess.CompletedPro
 
 @contextmanager
 def passive_server(node, port: int) -> Iterator[None]:
-    proc = popen_in_netns(
-        node.netns,
-        [*CLI, "stress", "--passive", "--backend", node.backend, "-s", node.addr4, "-p", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(node),
-        cwd=ROOT,
+    proc = spawn_cli(
+        node, "stress", "--passive", "--backend", node.backend, "-s", node.addr4, "-p", str(port)
     )
     try:
         assert proc.stdout is not None
@@ -69,12 +69,7 @@ def passive_server(node, port: int) -> Iterator[None]:
         assert f"passive on {node.addr4}:{port}" in line, line + (proc.stderr.read() if proc.stderr else "")
         yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 15)
 
 
 @pytest.mark.slow
@@ -106,24 +101,8 @@ def test_cli_ping_info_stress_across_nodes(rds_two_nodes, rds_observe):
     # stress: A's active side against B's passive server, request/response, for 2 s
     port = 4300 + os.getpid() % 500
     with passive_server(nb, port):
-        proc = run_cli(
-            na,
-            "stress",
-            "--backend",
-            na.backend,
-            "-s",
-            na.addr4,
-            "-r",
-            nb.addr4,
-            "-p",
-            str(port),
-            "-T",
-            "2",
-            "-q",
-            "1K",
-            "--rr",
-            "--json",
-        )
+        stress = ["stress", "--backend", na.backend, "-s", na.addr4, "-r", nb.addr4, "-p", str(port)]
+        proc = run_cli(na, *stress, "-T", "2", "-q", "1K", "--rr", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["backend"] == na.backend and doc["mode"] == "rr"

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from pyrds.testing.helpers import stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 CLI = [sys.executable, "-m", "pyrds.cli.main"]
@@ -61,12 +63,7 @@ def kpassive(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
     line = proc.stdout.readline()
     assert f"passive on {addr}:{port} (kernel backend)" in line, line
     yield addr, port
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc)
 
 
 def test_ping_loopback() -> None:

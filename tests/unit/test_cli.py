@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from pyrds.testing.helpers import stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 CLI = [sys.executable, "-m", "pyrds.cli.main"]
@@ -78,12 +80,7 @@ def passive() -> Iterator[tuple[str, int]]:
     line = proc.stdout.readline()
     assert "passive on 127.0.0.1" in line, line + (proc.stderr.read() if proc.stderr else "")
     yield "127.0.0.1", port
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc)
 
 
 # ------------------------------------------------------------------------------------------------- ping
