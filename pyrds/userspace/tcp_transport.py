@@ -57,6 +57,15 @@ def tune(s: socket.socket, sndbuf: int = 0, rcvbuf: int = 0) -> None:
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
 
 
+def unacked_bytes(s: socket.socket) -> int | None:
+    """SIOCOUTQ: bytes written to ``s`` that the peer's TCP has not acked (a FIN counts); None on error."""
+    try:
+        outq: int = _OUTQ.unpack(fcntl.ioctl(s.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return None
+    return outq
+
+
 def bind_path_port(s: socket.socket, laddr: str, index: int) -> None:
     """Bind a source port that names the path (:func:`pyrds.userspace.proto.pathset.dial_port`) so a pyrds
     acceptor pairs paths by index (a 6.1 acceptor ignores it and takes the first free path)."""
@@ -215,11 +224,7 @@ class TcpPath:
         deadline."""
         if gen != self.gen or self.confirmed or self.sock is None:
             return
-        try:
-            outq: int = _OUTQ.unpack(fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-        except OSError:
-            outq = -1
-        if outq == 0 or time.monotonic() >= deadline:
+        if unacked_bytes(self.sock) == 0 or time.monotonic() >= deadline:
             self.confirm()
         else:
             self.conn.mgr.svc.call_later(CONFIRM_POLL, lambda: self._confirm_poll(gen, deadline))
@@ -336,9 +341,8 @@ class TcpPath:
         s = self.sock
         if s is None:
             return
-        try:
-            outq: int = _OUTQ.unpack(fcntl.ioctl(s.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-        except OSError:
+        outq = unacked_bytes(s)
+        if outq is None:
             return
         for acked in self.engine.acked_through(max(0, self.wire_bytes - outq)):
             msg = self.pending.pop(acked.seq, None)
