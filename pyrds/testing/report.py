@@ -53,7 +53,7 @@ class Run:
 @dataclass
 class Divergence:
     scenario: str
-    kind: str  # "outcome" or "observation:<key>"
+    kind: str  # "outcome", "observation:<key>" or "differential" (the differential machine failed)
     results: dict[str, str]
     accepted: bool = False
     reason: str = ""
@@ -124,6 +124,10 @@ def find_divergences(runs: list[Run], accepted: list[dict[str, Any]]) -> list[Di
         by_scenario[r.scenario][r.backend] = r
     out: list[Divergence] = []
     for scenario, cols in sorted(by_scenario.items()):
+        diff = cols.get("differential")
+        if diff is not None and diff.outcome == "failed":
+            # the differential machine runs both backends itself: its failure IS a divergence
+            out.append(Divergence(scenario, "differential", {"differential": diff.detail}))
         ran = {b: r for b, r in cols.items() if r.outcome not in ("skipped",)}
         if len(ran) >= 2 and len({r.outcome for r in ran.values()}) > 1:
             out.append(

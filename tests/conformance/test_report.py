@@ -122,3 +122,20 @@ def test_xfail_reason_reaches_the_results():
         plugin.pytest_runtest_logreport._config = saved
     entry = config._pyrds_results["t.py::x[kernel]"]
     assert entry["outcome"] == "xfailed" and "1992 of 2000" in entry["reason"]
+
+
+def test_failed_differential_machine_is_an_unexplained_divergence():
+    runs = [
+        Run("test_differential.py::test_differential", "differential", "failed", "n", "kernel ok, us err")
+    ]
+    rep = build(runs, [])
+    assert [(d["scenario"], d["kind"]) for d in rep["divergences"]] == [
+        ("test_differential.py::test_differential", "differential")
+    ]
+    assert rep["unexplained"] == 1
+    assert (
+        build([Run("test_differential.py::test_differential", "differential", "passed", "n")], [])[
+            "unexplained"
+        ]
+        == 0
+    )
