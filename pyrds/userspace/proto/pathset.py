@@ -10,13 +10,13 @@ Nothing on the wire names the path, so both ends must agree on the pairing of TC
   peer's paths are down: after any path is lost the owner closes every path gracefully (FIN, then reads until
   the peer's FIN, so nothing the peer's TCP acked is thrown away) and re-dials path 0, 1, ... in order
   (:func:`next_dial`). A path counts as accepted ("confirmed") when the peer sent anything on it (a 6.1 peer
-  queues its congestion map on every path's connect) or after 0.5 s; data is held until then, because a 6.1
-  acceptor that resets a connection it could not place has already TCP-acked what arrived on it.
-  (Confirming by the pong to a probe sent after the retransmissions did worse in the guest.)
-  The 0.5 s alone was not enough: when the final ACK of path k's handshake is lost (netem), 6.1 has not
-  accepted path k yet, so the next dial can complete first and take 6.1's path k. So the owner also writes
-  :data:`OWNER_PREAMBLE` on every new connection and counts it accepted once TCP acks it: the peer's socket
-  is then established and queued for accept ahead of any later dial, and 6.1 accepts in queue order.
+  queues its congestion map on every path's connect) or TCP acked the :data:`OWNER_PREAMBLE` the owner writes
+  first on every new connection: the peer's socket is then established and queued for accept ahead of any
+  later dial, and 6.1 accepts in queue order (a fixed 0.5 s wait was not enough: with the last handshake ACK
+  lost, the next dial completed first and took 6.1's path k). A 5 s fallback covers a peer that never acks.
+  Data is held until then, because a 6.1 acceptor that resets a connection it could not place has already
+  TCP-acked what arrived on it. (Confirming by the pong to a probe sent after the retransmissions did worse in
+  the guest.)
 * A pyrds owner dials from a source port that names the path (:func:`dial_port`): low byte
   ``PORT_TAG | index``. A pyrds acceptor pairs such a connection by that index and, if the path still holds an
   older connection, the new one replaces it (the owner only dials a path that it has closed). Untagged
