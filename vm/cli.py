@@ -1,4 +1,4 @@
-"""``python -m vm``: run commands inside QEMU guests booted from the bookworm 6.1 kernel."""
+"""``python -m vm``: run commands inside QEMU guests booted from Debian's kernels (6.1, 6.12, 7.3)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,25 @@ import shlex
 import sys
 
 from vm import accel as accel_mod
-from vm import guestpy
+from vm import catalog, guestpy
 from vm.kernel import KernelNotFound, find_kernel
 from vm.runner import HarnessError, RunConfig, run
+
+
+_FETCHED = tuple(k.alias for k in catalog.MATRIX if not k.host_package)
+
+
+def _kernels() -> int:
+    """One line per alias of the matrix: what it resolves to here, or why it cannot boot."""
+    bad = 0
+    for k in catalog.MATRIX:
+        try:
+            g = find_kernel(k.alias)
+            print(f"{k.alias}\t{g.release}\t{g.vmlinuz}")
+        except KernelNotFound as exc:
+            bad += 1
+            print(f"{k.alias}\tMISSING\t{exc}")
+    return 1 if bad else 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,7 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--cpus", "-p", type=int, default=None, help="vCPUs per guest (default 2, two-guests 1)")
     r.add_argument("--memory", "-m", default=None, help="memory per guest (default 2G, two-guests 1G)")
-    r.add_argument("--kernel", help="guest kernel image (default newest /boot/vmlinuz-6.1.0-*-amd64)")
+    r.add_argument(
+        "--kernel",
+        help="6.1 (default: newest /boot/vmlinuz-6.1.0-*-amd64), 6.12, 7.3 (python -m vm fetch-kernels), or PATH",
+    )
     r.add_argument("--peer-cmd", default="sleep infinity", help="guest B's agent (shell words; two-guests)")
     r.add_argument("--modules", default=None, help="comma list of modules to modprobe (default: RDS set)")
     r.add_argument("--system-python", action="store_true", help="don't use the guest venv (Debian's python3)")
@@ -39,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD...")
 
     sub.add_parser("setup", help="create/refresh the guest venv (~/.cache/pyrds/guest-venv)")
+    f = sub.add_parser("fetch-kernels", help="download and unpack the matrix's Debian kernels (root)")
+    f.add_argument("aliases", nargs="*", help=f"default: every fetched alias ({', '.join(_FETCHED)})")
+    sub.add_parser("kernels", help="print the matrix: alias, release, image")
     a = sub.add_parser("accel", help="print the accelerator auto mode picks (probes KVM once)")
     a.add_argument("--kernel")
     return ap
@@ -51,6 +73,15 @@ def main(argv: list[str] | None = None) -> int:
             bin_dir = guestpy.ensure_venv(create=True)
             print(bin_dir or "guest venv unavailable")
             return 0 if bin_dir else 1
+        if args.command == "fetch-kernels":
+            for alias in args.aliases or _FETCHED:
+                if alias not in _FETCHED:
+                    raise ValueError(f"{alias!r} is not fetched (choose from {', '.join(_FETCHED)})")
+                catalog.fetch(alias)
+                find_kernel(alias)  # the four RDS/rxe modules are there
+            return 0
+        if args.command == "kernels":
+            return _kernels()
         kernel = find_kernel(args.kernel)
         if args.command == "accel":
             acc, why = accel_mod.resolve_accel(kernel.vmlinuz)
@@ -85,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         res = run(cfg)
-    except (KernelNotFound, HarnessError, ValueError) as exc:
+    except (KernelNotFound, HarnessError, ValueError, catalog.FetchError) as exc:
         print(f"python -m vm: error: {exc}", file=sys.stderr)
         return 2
     for msg in res.messages:

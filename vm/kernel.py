@@ -1,4 +1,4 @@
-"""Locate the Debian bookworm kernel (vmlinuz + modules) the guests boot."""
+"""Locate the guest kernel (vmlinuz + modules): an alias of the matrix (6.1, 6.12, 7.3) or an image path."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import glob
 import os
 import re
 from dataclasses import dataclass
+
+from vm import catalog
 
 BOOT_GLOB = "/boot/vmlinuz-6.1.0-*-amd64"
 #: modules the guest needs for pyrds (checked on the host so a missing package fails before booting)
@@ -37,10 +39,24 @@ def _abi(path: str) -> int:
 
 
 def find_kernel(explicit: str | None = None) -> GuestKernel:
-    """The newest bookworm 6.1 kernel under /boot (or ``explicit``), after checking its modules exist."""
-    if explicit:
+    """The guest kernel, after checking its modules exist.
+
+    ``explicit``: None or ``"6.1"`` (the newest bookworm kernel under /boot), another alias of
+    :data:`vm.catalog.MATRIX` (what ``python -m vm fetch-kernels`` installed), or a vmlinuz path (its release
+    is the file name's ``vmlinuz-REL`` suffix, or the name of the directory holding a plain ``vmlinuz``).
+    """
+    if explicit and explicit != "6.1" and explicit in catalog.ALIASES:
+        rec = catalog.recorded(explicit)
+        if rec is None or not os.path.isfile(rec.get("vmlinuz", "")):
+            raise KernelNotFound(
+                f"kernel {explicit} is not installed: python -m vm fetch-kernels {explicit} (.ci/setup does it)"
+            )
+        return _checked(GuestKernel(vmlinuz=rec["vmlinuz"], release=rec["release"]))
+    if explicit and explicit != "6.1":
         if not os.path.isfile(explicit):
-            raise KernelNotFound(f"kernel image {explicit} does not exist")
+            raise KernelNotFound(
+                f"kernel {explicit!r} is neither an image file nor one of {', '.join(catalog.ALIASES)}"
+            )
         candidates = [explicit]
     else:
         candidates = sorted(glob.glob(BOOT_GLOB), key=_abi)
@@ -49,15 +65,20 @@ def find_kernel(explicit: str | None = None) -> GuestKernel:
                 f"no bookworm kernel under /boot (looked for {BOOT_GLOB}): apt-get install linux-image-amd64"
             )
     vmlinuz = candidates[-1]
-    if not os.access(vmlinuz, os.R_OK):
-        raise KernelNotFound(f"{vmlinuz} is not readable (run as root or chmod o+r it)")
-    release = os.path.basename(vmlinuz).removeprefix("vmlinuz-")
-    kernel = GuestKernel(vmlinuz=vmlinuz, release=release)
+    base = os.path.basename(vmlinuz)
+    release = base.removeprefix("vmlinuz-") if base != "vmlinuz" else os.path.basename(os.path.dirname(vmlinuz))
+    return _checked(GuestKernel(vmlinuz=vmlinuz, release=release))
+
+
+def _checked(kernel: GuestKernel) -> GuestKernel:
+    release = kernel.release
+    if not os.access(kernel.vmlinuz, os.R_OK):
+        raise KernelNotFound(f"{kernel.vmlinuz} is not readable (run as root or chmod o+r it)")
     for rel in REQUIRED_MODULES:
         path = os.path.join(kernel.modules_dir, "kernel", rel)
         if not any(os.path.exists(path + ext) for ext in ("", ".xz", ".zst", ".gz")):
             raise KernelNotFound(
                 f"{path} missing: the modules of {release} are not installed "
-                f"(apt-get install linux-image-{release})"
+                f"(apt-get install linux-image-{release}, or python -m vm fetch-kernels)"
             )
     return kernel
