@@ -66,7 +66,7 @@ def kernels_dir() -> str:
 
 
 def record_path(alias: str) -> str:
-    """Where ``fetch`` records what an alias resolved to (``{"release":..., "vmlinuz":..., "package":...}``)."""
+    """Where ``fetch`` records what an alias resolved to (release, vmlinuz, package)."""
     return os.path.join(kernels_dir(), f"{alias}.json")
 
 
@@ -128,7 +128,9 @@ class PrivateApt:
         argv = [tool, "-q", *self._opts(), *args]
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, check=False)
         if proc.returncode != 0:
-            raise FetchError(f"{' '.join([tool, *args])} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
+            raise FetchError(
+                f"{' '.join([tool, *args])} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}"
+            )
         return proc.stdout
 
     def update(self) -> None:
@@ -157,7 +159,7 @@ def _deb_depends(deb: str) -> list[str]:
 
 
 def _release_of(tree: str) -> tuple[str, str]:
-    """(release, vmlinuz path) found in an unpacked image tree: /boot/vmlinuz-REL or lib/modules/REL/vmlinuz."""
+    """(release, vmlinuz path) in an unpacked image tree: boot/vmlinuz-REL or lib/modules/REL/vmlinuz."""
     for pattern in ("boot/vmlinuz-*", "usr/lib/modules/*/vmlinuz", "lib/modules/*/vmlinuz"):
         hits = sorted(glob.glob(os.path.join(tree, pattern)))
         if hits:
@@ -177,7 +179,7 @@ def _modules_tree(tree: str, release: str) -> str:
 
 
 def fetch(alias: str, modules_root: str = "/lib/modules", log: bool = True) -> dict[str, str]:
-    """Look up, download and unpack the newest kernel of ``alias``; returns (and records) what was installed."""
+    """Look up, download and unpack the newest kernel of ``alias``; returns and records what it installed."""
     line = line_for(alias)
     if line.host_package:
         raise FetchError(f"{alias} is the host's own apt package (apt-get install linux-image-amd64)")
@@ -190,8 +192,10 @@ def fetch(alias: str, modules_root: str = "/lib/modules", log: bool = True) -> d
     try:
         with open(rec_file) as fh:
             old = json.load(fh)
-        if old.get("package") == image and os.path.isfile(old.get("vmlinuz", "")) and os.path.isdir(
-            os.path.join(modules_root, old.get("release", "?"), "kernel")
+        if (
+            old.get("package") == image
+            and os.path.isfile(old.get("vmlinuz", ""))
+            and os.path.isdir(os.path.join(modules_root, old.get("release", "?"), "kernel"))
         ):
             if log:
                 print(f"[vm] kernel {alias}: {image} already installed ({old['release']})")
@@ -204,7 +208,10 @@ def fetch(alias: str, modules_root: str = "/lib/modules", log: bool = True) -> d
         # 7.x images are a meta package over linux-binary-REL (vmlinuz), linux-modules-REL (.ko) and
         # linux-base-REL (modules.order, modules.builtin)
         for dep in _deb_depends(debs[0]):
-            if dep.startswith(("linux-binary-", "linux-modules-", "linux-base-", "linux-image-")) and dep != image:
+            if (
+                dep.startswith(("linux-binary-", "linux-modules-", "linux-base-", "linux-image-"))
+                and dep != image
+            ):
                 debs.append(apt.download(dep, work))
         tree = os.path.join(work, "root")
         for deb in debs:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shlex
+import shutil
 import sys
 
 from vm import accel as accel_mod
 from vm import catalog, guestpy
-from vm.kernel import KernelNotFound, find_kernel
-from vm.runner import HarnessError, RunConfig, run
-
+from vm.kernel import GuestKernel, KernelNotFound, find_kernel
+from vm.runner import HarnessError, RunConfig, RunResult, run
 
 _FETCHED = tuple(k.alias for k in catalog.MATRIX if not k.host_package)
 
@@ -28,34 +30,51 @@ def _kernels() -> int:
     return 1 if bad else 0
 
 
+def _run_args(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``run`` and ``matrix``."""
+    p.add_argument("--topology", choices=("netns", "two-guests"), default="netns")
+    p.add_argument("--junit", metavar="PATH", help="copy the guest's JUnit XML here (pytest gets --junitxml)")
+    p.add_argument("--timeout", type=float, default=1200.0, help="whole-run bound in seconds (default 1200)")
+    p.add_argument(
+        "--accel", choices=("auto", "kvm", "tcg"), default=None, help="default $PYRDS_VM_ACCEL/auto"
+    )
+    p.add_argument("--cpus", "-p", type=int, default=None, help="vCPUs per guest (default 2, two-guests 1)")
+    p.add_argument("--memory", "-m", default=None, help="memory per guest (default 2G, two-guests 1G)")
+    p.add_argument("--peer-cmd", default="sleep infinity", help="guest B's agent (shell words; two-guests)")
+    p.add_argument("--modules", default=None, help="comma list of modules to modprobe (default: RDS set)")
+    p.add_argument("--system-python", action="store_true", help="don't use the guest venv (Debian's python3)")
+    p.add_argument("--keep-results", action="store_true", help="keep the shared results directory")
+    p.add_argument("--verbose", "-v", action="store_true", help="show the guest kernel console")
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m vm", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="boot once, run CMD in the guest, exit with its status")
-    r.add_argument("--topology", choices=("netns", "two-guests"), default="netns")
-    r.add_argument("--junit", metavar="PATH", help="copy the guest's JUnit XML here (pytest gets --junitxml)")
-    r.add_argument("--timeout", type=float, default=1200.0, help="whole-run bound in seconds (default 1200)")
-    r.add_argument(
-        "--accel", choices=("auto", "kvm", "tcg"), default=None, help="default $PYRDS_VM_ACCEL/auto"
-    )
-    r.add_argument("--cpus", "-p", type=int, default=None, help="vCPUs per guest (default 2, two-guests 1)")
-    r.add_argument("--memory", "-m", default=None, help="memory per guest (default 2G, two-guests 1G)")
+    _run_args(r)
     r.add_argument(
         "--kernel",
-        help="6.1 (default: newest /boot/vmlinuz-6.1.0-*-amd64), 6.12, 7.3 (python -m vm fetch-kernels), or PATH",
+        help="6.1 (default: newest /boot/vmlinuz-6.1.0-*-amd64), 6.12, 7.3 (see fetch-kernels), or PATH",
     )
-    r.add_argument("--peer-cmd", default="sleep infinity", help="guest B's agent (shell words; two-guests)")
-    r.add_argument("--modules", default=None, help="comma list of modules to modprobe (default: RDS set)")
-    r.add_argument("--system-python", action="store_true", help="don't use the guest venv (Debian's python3)")
-    r.add_argument("--keep-results", action="store_true", help="keep the shared results directory")
     r.add_argument(
         "--copy-out",
         metavar="DIR",
         help="copy guest A's results directory ({results} in CMD) to DIR afterwards",
     )
-    r.add_argument("--verbose", "-v", action="store_true", help="show the guest kernel console")
     r.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD...")
+
+    m = sub.add_parser("matrix", help="run CMD once per kernel (one boot each); results in OUT/<alias>")
+    _run_args(m)
+    m.add_argument(
+        "--kernels",
+        default=",".join(catalog.ALIASES),
+        help=f"comma list of aliases or image paths (default {','.join(catalog.ALIASES)})",
+    )
+    m.add_argument(
+        "--out", required=True, metavar="DIR", help="guest A's results directory per kernel: DIR/<alias>"
+    )
+    m.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD...")
 
     sub.add_parser("setup", help="create/refresh the guest venv (~/.cache/pyrds/guest-venv)")
     f = sub.add_parser("fetch-kernels", help="download and unpack the matrix's Debian kernels (root)")
@@ -64,6 +83,89 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("accel", help="print the accelerator auto mode picks (probes KVM once)")
     a.add_argument("--kernel")
     return ap
+
+
+def _config(args: argparse.Namespace, kernel: GuestKernel, copy_out: str | None) -> RunConfig:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise HarnessError(f"no command given: python -m vm {args.command} [options] -- CMD...")
+    acc, why = accel_mod.resolve_accel(kernel.vmlinuz, args.accel)
+    two = args.topology == "two-guests"
+    venv_bin = None if args.system_python else guestpy.ensure_venv(create=True)
+    cfg = RunConfig(
+        kernel=kernel,
+        accel=acc,
+        cmd=cmd,
+        topology=args.topology,
+        cpus=args.cpus or (1 if two else 2),
+        memory=args.memory or ("1G" if two else "2G"),
+        timeout=args.timeout,
+        junit=args.junit,
+        peer_cmd=shlex.split(args.peer_cmd),
+        venv_bin=venv_bin,
+        pythonpath=guestpy.pyverbs_shim(),
+        modules=args.modules,
+        keep_results=args.keep_results,
+        copy_out=copy_out,
+        verbose=args.verbose,
+    )
+    print(
+        f"[vm] kernel {kernel.release}, accel {acc} ({why}), topology {cfg.topology}, "
+        f"python {'venv ' + venv_bin if venv_bin else guestpy.SYSTEM_PYTHON}",
+        file=sys.stderr,
+    )
+    return cfg
+
+
+def _report(res: RunResult, keep: bool, label: str = "") -> None:
+    for msg in res.messages:
+        print(f"[vm]{label} {msg}", file=sys.stderr)
+    boot = f"{res.boot_s:.1f} s" if res.boot_s is not None else "n/a"
+    up = f"{res.guest_uptime_s:.1f} s" if res.guest_uptime_s is not None else "n/a"
+    print(
+        f"[vm]{label} boot to CMD {boot} (guest uptime {up}); total wall {res.wall_s:.1f} s; "
+        f"exit status {res.rc}"
+        + (f"; results kept in {res.results_dir}" if keep else ""),
+        file=sys.stderr,
+    )
+
+
+def _matrix(args: argparse.Namespace) -> int:
+    """One boot per kernel; ``OUT/<alias>`` gets guest A's results, ``OUT/matrix.json`` what each boot did.
+
+    Exit status: 0 when CMD exited 0 on every kernel, else the first non-zero status (2: a kernel of the
+    matrix is not installed; that is checked for all of them before the first boot)."""
+    wanted = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    kernels = [(k, find_kernel(k)) for k in wanted]  # every kernel exists before anything boots
+    os.makedirs(args.out, exist_ok=True)
+    summary: list[dict[str, object]] = []
+    rc = 0
+    for label, kernel in kernels:
+        alias = catalog.short_alias(kernel.release) if label not in catalog.ALIASES else label
+        out = os.path.join(args.out, alias)
+        shutil.rmtree(out, ignore_errors=True)
+        res = run(_config(args, kernel, out))
+        _report(res, args.keep_results, f"[{alias}]")
+        summary.append(
+            {
+                "alias": alias,
+                "release": kernel.release,
+                "rc": res.rc,
+                "timed_out": res.timed_out,
+                "boot_s": None if res.boot_s is None else round(res.boot_s, 1),
+                "wall_s": round(res.wall_s, 1),
+                "results": out,
+            }
+        )
+        rc = rc or res.rc
+        with open(os.path.join(args.out, "matrix.json"), "w") as fh:
+            json.dump({"kernels": summary}, fh, indent=1)
+    for row in summary:
+        print(
+            f"[vm] matrix {row['alias']:5s} {row['release']}: exit {row['rc']}, wall {row['wall_s']} s",
+            file=sys.stderr,
+        )
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,50 +184,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "kernels":
             return _kernels()
+        if args.command == "matrix":
+            return _matrix(args)
         kernel = find_kernel(args.kernel)
         if args.command == "accel":
             acc, why = accel_mod.resolve_accel(kernel.vmlinuz)
             print(f"{acc}: {why}")
             return 0
-        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-        if not cmd:
-            raise HarnessError("no command given: python -m vm run [options] -- CMD...")
-        acc, why = accel_mod.resolve_accel(kernel.vmlinuz, args.accel)
-        two = args.topology == "two-guests"
-        venv_bin = None if args.system_python else guestpy.ensure_venv(create=True)
-        cfg = RunConfig(
-            kernel=kernel,
-            accel=acc,
-            cmd=cmd,
-            topology=args.topology,
-            cpus=args.cpus or (1 if two else 2),
-            memory=args.memory or ("1G" if two else "2G"),
-            timeout=args.timeout,
-            junit=args.junit,
-            peer_cmd=shlex.split(args.peer_cmd),
-            venv_bin=venv_bin,
-            pythonpath=guestpy.pyverbs_shim(),
-            modules=args.modules,
-            keep_results=args.keep_results,
-            copy_out=args.copy_out,
-            verbose=args.verbose,
-        )
-        print(
-            f"[vm] kernel {kernel.release}, accel {acc} ({why}), topology {cfg.topology}, "
-            f"python {'venv ' + venv_bin if venv_bin else guestpy.SYSTEM_PYTHON}",
-            file=sys.stderr,
-        )
-        res = run(cfg)
+        res = run(_config(args, kernel, args.copy_out))
     except (KernelNotFound, HarnessError, ValueError, catalog.FetchError) as exc:
         print(f"python -m vm: error: {exc}", file=sys.stderr)
         return 2
-    for msg in res.messages:
-        print(f"[vm] {msg}", file=sys.stderr)
-    boot = f"{res.boot_s:.1f} s" if res.boot_s is not None else "n/a"
-    up = f"{res.guest_uptime_s:.1f} s" if res.guest_uptime_s is not None else "n/a"
-    print(
-        f"[vm] boot to CMD {boot} (guest uptime {up}); total wall {res.wall_s:.1f} s; exit status {res.rc}"
-        + (f"; results kept in {res.results_dir}" if args.keep_results else ""),
-        file=sys.stderr,
-    )
+    _report(res, args.keep_results)
     return res.rc

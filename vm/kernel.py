@@ -49,7 +49,7 @@ def find_kernel(explicit: str | None = None) -> GuestKernel:
         rec = catalog.recorded(explicit)
         if rec is None or not os.path.isfile(rec.get("vmlinuz", "")):
             raise KernelNotFound(
-                f"kernel {explicit} is not installed: python -m vm fetch-kernels {explicit} (.ci/setup does it)"
+                f"kernel {explicit} is not installed: python -m vm fetch-kernels {explicit} (.ci/setup)"
             )
         return _checked(GuestKernel(vmlinuz=rec["vmlinuz"], release=rec["release"]))
     if explicit and explicit != "6.1":
@@ -66,7 +66,9 @@ def find_kernel(explicit: str | None = None) -> GuestKernel:
             )
     vmlinuz = candidates[-1]
     base = os.path.basename(vmlinuz)
-    release = base.removeprefix("vmlinuz-") if base != "vmlinuz" else os.path.basename(os.path.dirname(vmlinuz))
+    release = (
+        base.removeprefix("vmlinuz-") if base != "vmlinuz" else os.path.basename(os.path.dirname(vmlinuz))
+    )
     return _checked(GuestKernel(vmlinuz=vmlinuz, release=release))
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shlex
 from pathlib import Path
 
 import pytest
 
-from vm import guest, runner
+from vm import catalog, cli, guest, runner
+from vm import kernel as kernel_mod
 from vm.kernel import GuestKernel, KernelNotFound, find_kernel
 
 KERNEL = GuestKernel(vmlinuz="/boot/vmlinuz-6.1.0-99-amd64", release="6.1.0-99-amd64")
@@ -75,8 +77,64 @@ def test_find_kernel_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr("vm.kernel.BOOT_GLOB", str(tmp_path / "vmlinuz-6.1.0-*-amd64"))
     with pytest.raises(KernelNotFound, match="apt-get install linux-image-amd64"):
         find_kernel()
-    with pytest.raises(KernelNotFound, match="does not exist"):
+    with pytest.raises(KernelNotFound, match="neither an image file nor one of 6.1, 6.12, 7.3"):
         find_kernel(str(tmp_path / "nope"))
+
+
+def test_kernel_alias_needs_fetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(KernelNotFound, match="python -m vm fetch-kernels 7.3"):
+        find_kernel("7.3")
+
+
+def test_kernel_alias_resolves_recorded_fetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    rel = "7.3.4+deb13-amd64"
+    img = tmp_path / "pyrds" / "kernels" / rel / "vmlinuz"
+    img.parent.mkdir(parents=True)
+    img.write_bytes(b"x")
+    (tmp_path / "pyrds" / "kernels" / "7.3.json").write_text(
+        json.dumps({"release": rel, "vmlinuz": str(img), "package": "linux-image-" + rel})
+    )
+    mods = tmp_path / "modules"
+    monkeypatch.setattr(
+        kernel_mod.GuestKernel, "modules_dir", property(lambda self: str(mods / self.release))
+    )
+    with pytest.raises(KernelNotFound, match="rds_tcp.ko missing"):
+        for rel_path in kernel_mod.REQUIRED_MODULES:
+            if "rds_tcp" not in rel_path:
+                (mods / rel / "kernel" / rel_path).parent.mkdir(parents=True, exist_ok=True)
+                (mods / rel / "kernel" / (rel_path + ".xz")).write_bytes(b"")
+        find_kernel("7.3")
+    (mods / rel / "kernel" / "net/rds/rds_tcp.ko.xz").write_bytes(b"")
+    k = find_kernel("7.3")
+    assert (k.release, k.vmlinuz) == (rel, str(img))
+
+
+def test_catalog_lookups() -> None:
+    names = [
+        "linux-image-7.3.4+deb13-amd64",
+        "linux-image-7.3.10+deb13-amd64",
+        "linux-image-7.3.12+deb13-amd64-dbg",
+        "linux-image-7.3.11+deb13-rt-amd64",
+        "linux-image-7.30.1+deb13-amd64",
+    ]
+    assert catalog.newest_image(names, "7.3") == "linux-image-7.3.10+deb13-amd64"
+    assert catalog.newest_image(names, "6.12") is None
+    assert catalog.short_alias("6.1.0-56-amd64") == "6.1"
+    assert catalog.short_alias("6.12.117+deb13-amd64") == "6.12"
+    assert catalog.short_alias("7.3.4+deb13-amd64") == "7.3"
+    src = catalog.sources_list(("trixie", "trixie-security"))
+    assert "debian trixie main" in src and "debian-security trixie-security main" in src
+    assert catalog.ALIASES == ("6.1", "6.12", "7.3")
+
+
+def test_matrix_checks_every_kernel_before_booting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    booted: list[object] = []
+    monkeypatch.setattr(cli, "run", lambda cfg: booted.append(cfg))
+    rc = cli.main(["matrix", "--kernels", "7.3", "--out", str(tmp_path / "out"), "--", "true"])
+    assert rc == 2 and booted == []
 
 
 def test_run_rejects_empty_command() -> None:
