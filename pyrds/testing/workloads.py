@@ -42,8 +42,12 @@ def exchange(
     seed: int = 1,
     max_size: int = 1024,
     timeout: float = 600.0,
+    stall: float | None = None,
 ) -> dict[str, Any]:
-    """Send ``count`` messages to each peer from ``socks[0]`` and receive ``count`` from each peer."""
+    """Send ``count`` messages to each peer from ``socks[0]`` and receive ``count`` from each peer.
+
+    Ends with TimeoutError after ``timeout`` seconds in all, or, with ``stall``, once nothing was sent or
+    received for ``stall`` seconds (a stalled transfer, told apart from a slow one on a busy machine)."""
     sock = socks[0]
     sock.setblocking(False)
     me = addr_key(sock.getsockname())
@@ -60,9 +64,17 @@ def exchange(
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN | select.POLLOUT)
     deadline = time.monotonic() + timeout
+    last_progress, progress_mark = time.monotonic(), (0, 0)
     while idx < len(order) or got < expected:
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise TimeoutError(f"{me}: sent {idx}/{len(order)}, received {got}/{expected} after {timeout}s")
+        if (idx, got) != progress_mark:
+            last_progress, progress_mark = now, (idx, got)
+        elif stall is not None and now - last_progress > stall:
+            raise TimeoutError(
+                f"{me}: stalled: sent {idx}/{len(order)}, received {got}/{expected}, nothing for {stall:g}s"
+            )
         if idx >= len(order):
             poller.modify(sock.fileno(), select.POLLIN)
         poller.poll(50)
