@@ -210,7 +210,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = session.config.getoption("--rds-results")
     if not path or hasattr(session.config, "workerinput"):
         return
-    data = {"tests": list(session.config._pyrds_results.values())}  # type: ignore[attr-defined]
+    import platform
+
+    data = {
+        "kernel_release": platform.release(),  # the report's kernel alias (major.minor) comes from it
+        "tests": list(session.config._pyrds_results.values()),  # type: ignore[attr-defined]
+    }
     with open(path, "w") as f:
         json.dump(data, f, indent=1, default=str)
 
