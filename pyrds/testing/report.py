@@ -529,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.matrix is not None:
         for alias in (k.strip() for k in args.kernels.split(",") if k.strip()):
             args.kernel_results.append((alias, args.matrix / alias / "results.json"))
-            args.kernel_junit.append((alias, args.matrix / alias / "junit.xml"))
+            if (args.matrix / alias / "junit.xml").is_file():  # the results JSON is what must be there
+                args.kernel_junit.append((alias, args.matrix / alias / "junit.xml"))
     if not (args.junit or args.results or args.kernel_results or args.kernel_junit):
         ap.error("give --matrix DIR, or --junit, --results, --kernel-results or --kernel-junit files")
     try:
