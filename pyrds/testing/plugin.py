@@ -88,6 +88,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="messages per direction in the selftest scenario (default 2000; kernel selftest: 50000)",
     )
     group.addoption(
+        "--rds-mainline-messages",
+        type=int,
+        default=int(os.environ.get("PYRDS_MAINLINE_MESSAGES", "5000")),
+        help="messages in the mainline selftest scenario (default 5000; the kernel's selftest: 50000)",
+    )
+    group.addoption(
         "--rds-only",
         default=None,
         help="comma list of backend labels to keep: kernel,userspace,mixed (others deselected)",
@@ -298,6 +304,12 @@ def rds_observe(request: pytest.FixtureRequest) -> Callable[[str, Any], None]:
         request.node.user_properties.append((f"rds_obs.{key}", repr(value)))
 
     return observe
+
+
+@pytest.fixture
+def rds_mainline_count(request: pytest.FixtureRequest) -> int:
+    count: int = request.config.getoption("--rds-mainline-messages")
+    return count
 
 
 @pytest.fixture

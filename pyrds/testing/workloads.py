@@ -21,6 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from pyrds.constants import SOL_RDS
+
 RETRY_ERRNOS = (errno.EAGAIN, errno.ENOBUFS)
 
 
@@ -186,3 +188,121 @@ def rdma_probe(socks: Sequence[Any], *, dest: Any, kind: str) -> int:
     finally:
         del local, iov
     return 0
+
+
+MAINLINE_RESET_ERRNOS = (errno.EAGAIN, errno.ENOBUFS, errno.ECONNRESET, errno.EPIPE)
+RDS_INFO_FIRST, RDS_INFO_LAST = 10000, 10017
+
+
+def mainline_plan(count: int) -> list[tuple[int, int]]:
+    """(sender, receiver) node index of message n in the mainline selftest's pattern: senders alternate
+    0, 1; the receiver follows n % 3, so a node also sends to itself (1->1, 0->0, 1->1 in each 6)."""
+    return [(n % 2, 1 - (n % 3) % 2) for n in range(count)]
+
+
+def mainline_payload(n: int) -> bytes:
+    return hashlib.sha256(f"packet {n}".encode()).hexdigest().encode()
+
+
+def _rewrite_buffer_sysctls(backend: str) -> None:
+    """What the mainline selftest does after every send burst: rewrite net.rds.tcp.rds_tcp_{rcv,snd}buf,
+    which drops every RDS/TCP connection of the namespace (rds_tcp_sysctl_reset); the userspace stack's
+    equivalent knob on a userspace node."""
+    if backend == "kernel":
+        for name in ("rds_tcp_rcvbuf", "rds_tcp_sndbuf"):
+            with open(f"/proc/sys/net/rds/tcp/{name}", "w") as fh:
+                fh.write("10000\n")
+    else:
+        userspace_force_reconnect([])
+
+
+def mainline_selftest(
+    socks: Sequence[Any],
+    *,
+    me: int,
+    addrs: Sequence[Any],
+    count: int,
+    backend: str,
+    stall: float = 45.0,
+    timeout: float = 1800.0,
+    max_burst: int = 200,
+) -> dict[str, Any]:
+    """Node ``me``'s half of the mainline RDS selftest (tools/testing/selftests/net/rds/test.py, TCP part),
+    written from its description: message n goes from node ``n % 2`` to node ``1 - (n % 3) % 2`` (``addrs``
+    are both nodes' bound addresses), non-blocking sends in bursts until the socket pushes back, then every
+    message that is there is received (poll), then the RDS/TCP buffer sysctls are rewritten (every
+    connection of the namespace drops; a burst also ends after ``max_burst`` messages, so that the count,
+    not the socket buffer size, decides how often that happens); running SHA-256 of ``<payload>`` per (sender, receiver). Finally every
+    RDS_INFO option 10000..10017 is read with a 1024-byte buffer. Ends on a stall (``stall`` s with nothing
+    sent or received) or ``timeout``."""
+    sock = socks[0]
+    sock.setblocking(False)
+    plan = mainline_plan(count)
+    mine = [n for n, (s, _) in enumerate(plan) if s == me]
+    expect = {s: sum(1 for (s2, r) in plan if s2 == s and r == me) for s in (0, 1)}
+    key_of = {addr_key(a): i for i, a in enumerate(addrs)}
+    sent_hash = {r: hashlib.sha256() for r in (0, 1)}
+    recv_hash = {s: hashlib.sha256() for s in (0, 1)}
+    recv_n = {0: 0, 1: 0}
+    strangers = 0
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    idx = resets = 0
+    start = last = time.monotonic()
+    mark = (0, 0)
+    while idx < len(mine) or any(recv_n[s] < expect[s] for s in (0, 1)):
+        now = time.monotonic()
+        if (idx, sum(recv_n.values())) != mark:
+            mark, last = (idx, sum(recv_n.values())), now
+        elif now - last > stall or now - start > timeout:
+            raise TimeoutError(
+                f"node {me}: stalled: sent {idx}/{len(mine)}, received {recv_n} of {expect}, "
+                f"{resets} sysctl rewrites"
+            )
+        burst = 0
+        while idx < len(mine) and burst < max_burst:
+            n = mine[idx]
+            data = mainline_payload(n)
+            dest = plan[n][1]
+            try:
+                sock.sendto(data, addrs[dest])
+            except OSError as exc:
+                if exc.errno in MAINLINE_RESET_ERRNOS:
+                    break
+                raise
+            sent_hash[dest].update(b"<" + data + b">")
+            idx += 1
+            burst += 1
+        poller.poll(50)
+        while True:
+            try:
+                data, addr = sock.recvfrom(1024)
+            except OSError as exc:
+                if exc.errno == errno.EAGAIN:
+                    break
+                raise
+            src = key_of.get(addr_key(addr))
+            if src is None:
+                strangers += 1
+                continue
+            recv_hash[src].update(b"<" + data + b">")
+            recv_n[src] += 1
+        if burst:
+            _rewrite_buffer_sysctls(backend)
+            resets += 1
+    info: dict[int, int] = {}
+    for opt in range(RDS_INFO_FIRST, RDS_INFO_LAST + 1):
+        try:
+            sock.getsockopt(SOL_RDS, opt, 1024)
+            info[opt] = 0
+        except OSError as exc:
+            info[opt] = exc.errno or -1
+    return {
+        "sent": {r: h.hexdigest() for r, h in sent_hash.items()},
+        "recv": {s: h.hexdigest() for s, h in recv_hash.items()},
+        "recv_n": recv_n,
+        "expect": expect,
+        "strangers": strangers,
+        "resets": resets,
+        "info": info,
+    }
