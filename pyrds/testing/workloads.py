@@ -232,8 +232,8 @@ def mainline_selftest(
     are both nodes' bound addresses), non-blocking sends in bursts until the socket pushes back, then every
     message that is there is received (poll), then the RDS/TCP buffer sysctls are rewritten (every
     connection of the namespace drops; a burst also ends after ``max_burst`` messages, so that the count,
-    not the socket buffer size, decides how often that happens); running SHA-256 of ``<payload>`` per (sender, receiver). Finally every
-    RDS_INFO option 10000..10017 is read with a 1024-byte buffer. Ends on a stall (``stall`` s with nothing
+    not the socket buffer size, decides how often that happens); running SHA-256 of ``<payload>`` per
+    (sender, receiver). Finally every RDS_INFO option 10000..10017 is read with a 1024-byte buffer. Ends on a stall (``stall`` s with nothing
     sent or received) or ``timeout``."""
     sock = socks[0]
     sock.setblocking(False)
