@@ -228,13 +228,15 @@ def mainline_selftest(
     max_burst: int = 200,
 ) -> dict[str, Any]:
     """Node ``me``'s half of the mainline RDS selftest (tools/testing/selftests/net/rds/test.py, TCP part),
-    written from its description: message n goes from node ``n % 2`` to node ``1 - (n % 3) % 2`` (``addrs``
-    are both nodes' bound addresses), non-blocking sends in bursts until the socket pushes back, then every
-    message that is there is received (poll), then the RDS/TCP buffer sysctls are rewritten (every
-    connection of the namespace drops; a burst also ends after ``max_burst`` messages, so that the count,
-    not the socket buffer size, decides how often that happens); running SHA-256 of ``<payload>`` per
-    (sender, receiver). Finally every RDS_INFO option 10000..10017 is read with a 1024-byte buffer. Ends on a stall (``stall`` s with nothing
-    sent or received) or ``timeout``."""
+    written from its description.
+
+    Message n goes from node ``n % 2`` to node ``1 - (n % 3) % 2`` (``addrs``: both nodes' bound addresses).
+    Non-blocking sends in bursts until the socket pushes back (or ``max_burst`` messages, so the count and
+    not the buffer size decides how often connections drop), then every message that is there is received
+    (poll), then the RDS/TCP buffer sysctls are rewritten (every connection of the namespace drops). A
+    running SHA-256 of ``<payload>`` per (sender, receiver). Finally every RDS_INFO option 10000..10017 is
+    read with a 1024-byte buffer. Ends on a stall (``stall`` s with nothing sent or received) or
+    ``timeout``."""
     sock = socks[0]
     sock.setblocking(False)
     plan = mainline_plan(count)
