@@ -152,6 +152,7 @@ class ExtHeaderType(enum.IntEnum):
     RDMA_DEST = 3
     NPATHS = 5
     GEN_NUM = 6
+    SPORT_IDX = 8  # 7.x: the sender's dialer encodes the path index in its TCP source port (1-byte body, 0)
 
 
 RDS_EXTHDR_SIZE = 16

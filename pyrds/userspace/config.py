@@ -40,6 +40,36 @@ def _proc_int(path: str, default: int) -> int:
         return default
 
 
+NET_NS_INIT_INO = 0xEFFFFFF9  # inode of the initial network namespace since 6.18 (include/uapi/linux/nsfs.h)
+
+
+def _fixed_init_ns_inodes() -> bool:
+    """Whether this kernel gives the initial namespaces fixed inode numbers (6.18 and later)."""
+    try:
+        major, minor = (int(v) for v in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (6, 18)
+
+
+def in_initial_netns() -> bool:
+    """Whether the calling thread is in the initial network namespace (``net_eq(net, &init_net)``).
+
+    6.18+ number it :data:`NET_NS_INIT_INO`; older kernels are compared with pid 1's namespace (when that
+    cannot be read, the answer is True: the 6.1 behaviour)."""
+    try:
+        own = os.stat("/proc/thread-self/ns/net")
+    except OSError:
+        return True
+    if own.st_ino == NET_NS_INIT_INO or _fixed_init_ns_inodes():
+        return own.st_ino == NET_NS_INIT_INO
+    try:
+        init = os.stat("/proc/1/ns/net")
+    except OSError:
+        return True
+    return (own.st_dev, own.st_ino) == (init.st_dev, init.st_ino)
+
+
 def stack_name() -> str:
     """Abstract unix socket name (without the leading NUL); PYRDS_STACK_NAME overrides it (tests)."""
     return os.environ.get("PYRDS_STACK_NAME") or DEFAULT_STACK_NAME
@@ -63,6 +93,8 @@ class StackConfig:
     wmem_max: int = field(default_factory=lambda: _proc_int("/proc/sys/net/core/wmem_max", 212992))
     rmem_max: int = field(default_factory=lambda: _proc_int("/proc/sys/net/core/rmem_max", 212992))
     sysctl: dict[str, int] = field(default_factory=lambda: dict(SYSCTL_DEFAULTS))
+    #: the stack serves the initial network namespace (7.3: SO_RDS_TRANSPORT IB/IWARP elsewhere is EPROTOTYPE)
+    initial_netns: bool = field(default_factory=in_initial_netns)
 
     def set_sysctl(self, name: str, value: int) -> None:
         if name not in self.sysctl:

@@ -3,14 +3,19 @@ the dial rule and multipath.
 
 The numerically smaller address owns (dials and re-dials, with backoff) every path; a dial from the larger
 side is a doorbell that the owner closes before dialling itself. Path 0 carries the multipath probe
-(sport 1 -> dport 0 with NPATHS); once ``c_npaths`` is known the owner dials paths 1..n-1, one at a time
-and in order.
+(sport 1 -> dport 0 with NPATHS and SPORT_IDX), which the owner sends on every new path 0 connection (7.x:
+the peer may have restarted and know nothing); once ``c_npaths`` is known the owner dials paths 1..n-1, one
+at a time and in order.
 A socket's messages use path ``jhash(port, initval) & (npaths - 1)``, path 0 until the handshake is done.
+At fan-out (``c_npaths`` becomes > 1) paths > 0 wait until path 0 has no unacked message from before
+(:meth:`PathEngine.begin_catchup`, 7.x ``mprds_catchup_tx0_retries``).
 
 Path pairing and reconnects follow :mod:`pyrds.userspace.proto.pathset`: when the owner loses any path it
 closes all of them gracefully and, once every path is down, re-dials 0, 1, ... in order (a 6.1 acceptor gives
-a connection the first free path); the acceptor pairs a pyrds dialer's connections by the index in the
-source port (a re-dialled path replaces its stale connection) and others by the first free path.
+a connection the first free path) from source ports with ``port % 8 == index``; the acceptor pairs
+connections by ``port % npaths`` once the peer's probe/pong carried SPORT_IDX (7.x rule), before that a pyrds
+dialer's by the index tag in the source port (a re-dialled path replaces its stale connection) and others by
+the first free path.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class TcpConn:
             max(1, cfg["reconnect_min_delay_ms"], cfg["reconnect_max_delay_ms"]),
         )
         self.npaths = 0
+        self.with_sport_idx = False  # c_with_sport_idx: the peer's last probe/pong carried SPORT_IDX
         self.probe_sent = False
         self.redial_backoff = False  # a path was lost: the next dial of path 0 waits
         self.max_paths = RDS_MPATH_WORKERS  # 1 once a dialer that cannot pair paths (6.1) connected
@@ -88,14 +94,44 @@ class TcpConn:
         self.paths[0].kick()
 
     def path0_up(self) -> None:
-        if self.owner and self.npaths == 0 and not self.probe_sent:
+        """A new path 0 connection: the owner probes on every one (7.x ``rds_conn_shutdown`` queues a ping for
+        the next connection: the peer may be a restarted instance that knows neither NPATHS nor SPORT_IDX)."""
+        if self.owner:
             self.send_probe()
 
-    def negotiated(self, npaths: int) -> None:
-        self.npaths = min(npaths, self.max_paths)
+    def negotiated(self, npaths: int, sport_idx: bool = False) -> None:
+        """``rds_recv_hs_exthdrs``: ``c_npaths`` and ``c_with_sport_idx`` from a probe ping/pong. A peer that
+        speaks SPORT_IDX names its paths by port, so the single-path limit for 6.1 dialers does not apply to
+        it. At fan-out path 0 starts the catch-up, and an acceptor drops a path 0 that came from another path
+        of the peer (7.x ``rds_tcp_fan_out_w``)."""
+        self.with_sport_idx = sport_idx
+        new = min(npaths, RDS_MPATH_WORKERS if sport_idx else self.max_paths)
+        p0 = self.paths[0]
+        fan_out = new > 1 and new != self.npaths
+        if fan_out:
+            p0.engine.begin_catchup(len(p0.staged))
+        self.npaths = new
         while len(self.paths) < npaths:
             self.paths.append(TcpPath(self, len(self.paths)))
+        if sport_idx and 0 < p0.engine.last_advertised < RDS_MPATH_WORKERS:
+            self.send_probe()  # we told this peer fewer paths before we knew it speaks SPORT_IDX
+        if (
+            fan_out
+            and sport_idx
+            and not self.owner
+            and p0.sock is not None
+            and p0.peer_port is not None
+            and p0.peer_port % new != 0
+        ):
+            p0.begin_close()
         self.advance()
+
+    def peer_restarted(self, path: TcpPath) -> None:
+        """GEN_NUM changed (``rds_conn_peer_gen_update``): every path restarts its sequence numbers and drops
+        its retransmit queue (``path``'s engine already did)."""
+        for p in self.paths:
+            if p is not path:
+                p.release(p.engine.reset_sequences())
 
     def advance(self) -> None:
         """Owner: dial the next path (:func:`next_dial`), path 0 after a backoff if a path was lost."""
@@ -126,7 +162,18 @@ class TcpConn:
         self.advance()
 
     def accept(self, s: socket.socket, peer_port: int) -> None:
-        """An incoming connection for this (laddr, faddr) on the non-owner side (:func:`accept_path`)."""
+        """An incoming connection for this (laddr, faddr) on the non-owner side (:func:`accept_path`): by
+        ``peer_port % npaths`` once the peer speaks SPORT_IDX, else by the 6.1-compatible rules."""
+        if self.with_sport_idx:
+            usable = self.paths[: max(1, self.npaths)]
+            choice = accept_path(peer_port, [p.sock is not None for p in usable], sport_idx=True)
+            assert choice is not None
+            index, replace = choice
+            if replace:
+                usable[index].take_over(s)
+            else:
+                usable[index].established(s)
+            return
         tagged = pyrds_dialer_port(peer_port, self.npaths, peer_is_61=self.max_paths == 1)
         if tagged is None and self.npaths <= 1 and self.max_paths > 1:
             # A 6.1 dialer re-dials its paths in parallel from random ports: nothing tells them apart, so

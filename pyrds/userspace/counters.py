@@ -1,7 +1,9 @@
 """RDS_INFO_COUNTERS-compatible statistics.
 
-RDS_INFO_COUNTERS lists exactly the 6.1 kernel's ``rds_stat_names`` (net/rds/stats.c) followed by the TCP
-transport's ``rds_tcp_stat_names`` (net/rds/tcp_stats.c), in the kernel's order. The stack also keeps a few
+RDS_INFO_COUNTERS lists exactly the newest kernel's (7.3) ``rds_stat_names`` (net/rds/stats.c: 6.1's names
+plus ``mprds_catchup_tx0_retries``, appended in 7.0) followed by the TCP transport's ``rds_tcp_stat_names``
+(net/rds/tcp_stats.c, unchanged since 6.1), in the kernel's order (``rds_stats_info`` copies the core names,
+then the transports'). The stack also keeps a few
 userspace-only counters (:data:`EXTRA_NAMES`); they are not in RDS_INFO_COUNTERS (the kernel has no such
 names) but can be read with :func:`stack_counters` (the private getsockopt :data:`PYRDS_INFO_STACK_COUNTERS`).
 """
@@ -47,6 +49,7 @@ KERNEL_NAMES = (
     "recv_bytes_added_to_sock",
     "recv_bytes_freed_fromsock",
     "send_stuck_rm",
+    "mprds_catchup_tx0_retries",  # 7.0+: a path > 0 waited for path 0 to catch up after fan-out
 )
 TCP_NAMES = (
     "tcp_data_ready_calls",

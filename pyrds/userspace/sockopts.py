@@ -108,8 +108,10 @@ def setsockopt(stack: Stack, rs: SockState, level: int, optname: int, value: int
         t = _int(value)
         if t < 0 or t >= 3:
             raise StackError(errno.EINVAL)
+        if t != Transport.TCP and not stack.config.initial_netns:
+            raise StackError(errno.EPROTOTYPE)  # 7.3: RDS/IB only in the initial network namespace
         if t != Transport.TCP:
-            raise StackError(errno.ENOPROTOOPT)
+            raise StackError(errno.ENOPROTOOPT)  # no IB/IWARP transport in userspace
         rs.transport = Transport.TCP
     elif optname in (SO_TIMESTAMP_OLD, SO_TIMESTAMP_NEW):
         rs.timestamp = bool(_int(value))

@@ -21,14 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 from pyrds.userspace.proto.errors import ProtocolError
 from pyrds.userspace.proto.events import (
+    AckedMessage,
     CongMapReceived,
     DuplicateDropped,
     MessageReceived,
     NpathsNegotiated,
+    PeerGenChanged,
     PingReceived,
 )
 from pyrds.userspace.proto.path import PathEngine, PathState
-from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, Lane, dial_port
+from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, Lane, dial_port, sport_idx_ports
 from pyrds.userspace.sockstate import Incoming, Outgoing
 
 if TYPE_CHECKING:
@@ -66,9 +68,22 @@ def unacked_bytes(s: socket.socket) -> int | None:
     return outq
 
 
+def local_port_range() -> tuple[int, int]:
+    """``net.ipv4.ip_local_port_range`` of this namespace (32768..60999 if unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split()[:2])
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def bind_path_port(s: socket.socket, laddr: str, index: int) -> None:
-    """Bind a source port that names the path (:func:`pyrds.userspace.proto.pathset.dial_port`) so a pyrds
-    acceptor pairs paths by index (a 6.1 acceptor ignores it and takes the first free path)."""
+    """Bind a source port that names the path, ``port % 8 == index``: a tagged one
+    (:func:`pyrds.userspace.proto.pathset.dial_port`, which a pyrds acceptor also pairs by index before any
+    handshake), else, like 7.x ``rds_tcp_conn_path_connect``, any port of the local range with that residue
+    (a 7.x or pyrds acceptor that saw SPORT_IDX pairs by ``port % npaths``; a 6.1 acceptor ignores the port
+    and takes the first free path). EADDRINUSE when every such port is taken (the dial is retried later)."""
     for _ in range(32):
         try:
             s.bind((laddr, dial_port(random.getrandbits(16), index)))
@@ -76,7 +91,15 @@ def bind_path_port(s: socket.socket, laddr: str, index: int) -> None:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
-    s.bind((laddr, 0))
+    low, high = local_port_range()
+    for port in sport_idx_ports(index, low, high, random.getrandbits(16)):
+        try:
+            s.bind((laddr, port))
+            return
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, "no free source port naming the path")
 
 
 class TcpPath:
@@ -94,14 +117,16 @@ class TcpPath:
         self.conn = conn
         self.index = index
         st = conn.mgr.stack
-        self.engine = PathEngine(
+        self.engine: PathEngine = PathEngine(
             conn.laddr,
             conn.faddr,
             index,
             local_map=st.cong.map_for(conn.laddr),
             ping_enable=bool(st.config.sysctl["ping_enable"]),
+            lane0=conn.paths[0].engine if index > 0 else None,
         )
         self.sock: socket.socket | None = None
+        self.peer_port: int | None = None  # the TCP peer's port of the current connection
         self.outbuf = b""
         self.wire_bytes = 0  # bytes the TCP socket accepted on this connection
         self.pending: dict[int, Outgoing] = {}
@@ -111,6 +136,7 @@ class TcpPath:
         self.closing = False
         self.gen = 0  # connection generation: stale timers compare it
         self.staged: deque[Outgoing] = deque()
+        self.catchup_scheduled = False
 
     @property
     def up(self) -> bool:
@@ -189,6 +215,10 @@ class TcpPath:
 
     def established(self, s: socket.socket, registered: bool = False) -> None:
         self.sock = s
+        try:
+            self.peer_port = int(s.getpeername()[1])
+        except OSError:
+            self.peer_port = None
         self.gen += 1
         sysctl = self.conn.mgr.stack.config.sysctl
         tune(s, sysctl["rds_tcp_sndbuf"], sysctl["rds_tcp_rcvbuf"])
@@ -315,9 +345,15 @@ class TcpPath:
             svc = self.conn.mgr.svc
             while self.staged:
                 self._to_engine(self.staged.popleft())
+            held = False
             while True:
                 if not self.outbuf:
+                    if held:
+                        break
                     self.outbuf = self.engine.bytes_to_send(WRITE_CHUNK)
+                    if self.engine.held:
+                        held = True
+                        self._catchup_wait()
                     if not self.outbuf:
                         break
                 try:
@@ -334,6 +370,27 @@ class TcpPath:
             if not self.outbuf:
                 svc.modify(s, R, self._on_io)
         self.check_acks()
+
+    def _catchup_wait(self) -> None:
+        """Path 0 still holds messages older than the fan-out (:mod:`pyrds.userspace.proto.path`): count it
+        and try again shortly (7.x requeues its send worker)."""
+        self.conn.mgr.stack.counters["mprds_catchup_tx0_retries"] += 1
+        if not self.catchup_scheduled:
+            self.catchup_scheduled = True
+            self.conn.mgr.svc.call_later(ACK_POLL, self._catchup_retry)
+
+    def _catchup_retry(self) -> None:
+        self.catchup_scheduled = False
+        self.conn.paths[0].check_acks()  # path 0's acks are what this path waits for
+        self.flush()
+
+    def release(self, rows: list[AckedMessage] | tuple[AckedMessage, ...]) -> None:
+        """Messages the engine dropped without sending them again (the peer restarted): free their socket
+        accounting like acked ones."""
+        for row in rows:
+            msg = self.pending.pop(row.seq, None)
+            if msg is not None:
+                self.conn.mgr.stack.acked(msg)
 
     def check_acks(self) -> None:
         """Messages whose last byte the peer's TCP acked: bytes the socket accepted minus SIOCOUTQ (which
@@ -428,4 +485,7 @@ class TcpPath:
         elif isinstance(ev, DuplicateDropped):
             st.counters["recv_drop_old_seq"] += 1
         elif isinstance(ev, NpathsNegotiated):
-            self.conn.negotiated(ev.npaths)
+            self.conn.negotiated(ev.npaths, ev.sport_idx)
+        elif isinstance(ev, PeerGenChanged):
+            self.release(ev.flushed)
+            self.conn.peer_restarted(self)

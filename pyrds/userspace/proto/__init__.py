@@ -35,6 +35,7 @@ from pyrds.userspace.proto.handshake import (
     negotiate_npaths,
     path_for_port,
     peer_gen_num,
+    peer_sport_idx,
     probe_exthdrs,
     should_dial,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "next_congested_state",
     "path_for_port",
     "peer_gen_num",
+    "peer_sport_idx",
     "probe_exthdrs",
     "should_dial",
 ]

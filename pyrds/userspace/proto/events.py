@@ -63,9 +63,11 @@ class PongReceived:
 
 @dataclass(frozen=True, slots=True)
 class NpathsNegotiated:
-    """``c_npaths`` after a probe ping or pong (1..RDS_MPATH_WORKERS)."""
+    """``c_npaths`` (1..RDS_MPATH_WORKERS) and ``c_with_sport_idx`` (the message carried SPORT_IDX) after a
+    probe ping or pong."""
 
     npaths: int
+    sport_idx: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +79,12 @@ class DuplicateDropped:
 
 @dataclass(frozen=True, slots=True)
 class PeerGenChanged:
-    """GEN_NUM changed: the peer restarted; sequence state and retransmit queue were reset."""
+    """GEN_NUM changed: the peer restarted; sequence state and retransmit queue were reset. ``flushed``: the
+    messages dropped from the retransmit queue (never resent; the sender releases them)."""
 
     old: int
     new: int
+    flushed: tuple[AckedMessage, ...] = ()
 
 
 Event = (

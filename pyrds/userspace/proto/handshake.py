@@ -1,12 +1,17 @@
-"""Multipath handshake (probe ping/pong with NPATHS), path hashing and the who-dials rule.
+"""Multipath handshake (probe ping/pong with NPATHS and SPORT_IDX), path hashing and the who-dials rule.
 
-Kernel behaviour (net/rds/send.c, recv.c, threads.c, tcp_connect.c):
+Kernel behaviour (net/rds/send.c, recv.c, threads.c, tcp_connect.c, tcp_listen.c):
 
 * The probe is a ping from ``RDS_FLAG_PROBE_PORT`` (1) to port 0 on path 0; its pong goes from port 0 to port
-  1.  Both carry ``RDS_EXTHDR_NPATHS = RDS_MPATH_WORKERS``.  ``rds_send_probe`` also tries to add
-  ``RDS_EXTHDR_GEN_NUM``, but ``rds_message_add_extension`` refuses a second extension, so GEN_NUM never
-  reaches the wire from a mainline sender; receivers still parse it if present.
+  1.  Both carry ``RDS_EXTHDR_NPATHS = RDS_MPATH_WORKERS``.  6.1/6.12 ``rds_send_probe`` also tries to add
+  ``RDS_EXTHDR_GEN_NUM``, but their ``rds_message_add_extension`` refuses a second extension, so GEN_NUM never
+  reaches the wire from them.  7.x puts NPATHS, GEN_NUM and ``RDS_EXTHDR_SPORT_IDX`` (8, one zero byte) on the
+  probe and its pong.  The stack sends NPATHS then SPORT_IDX (:func:`probe_exthdrs`): SPORT_IDX last, because
+  6.1 sizes type 8 as 0 bytes and then reads its 0x00 body as the end of the list.
 * ``c_npaths = min(RDS_MPATH_WORKERS, peer value)`` when NPATHS is present, then ``max(c_npaths, 1)``.
+* ``c_with_sport_idx`` (7.x) is set iff SPORT_IDX is on the probe/pong, re-evaluated at every one
+  (:func:`peer_sport_idx`).  A peer that sends it dials path i from a source port with ``port % 8 == i``,
+  and a 7.x acceptor then pairs an incoming connection with path ``sport % c_npaths``.
 * ``RDS_MPATH_HASH(rs, n) = jhash_1word(port, rs_hash_initval) & (n - 1)``; ``rs_hash_initval`` is random per
   socket, so only the spread matters, not the exact value.
 * ``IS_CANONICAL(laddr, faddr)``: the numerically smaller address dials and reconnects; the larger side's
@@ -28,6 +33,7 @@ __all__ = [
     "negotiate_npaths",
     "path_for_port",
     "peer_gen_num",
+    "peer_sport_idx",
     "probe_exthdrs",
     "should_dial",
 ]
@@ -44,8 +50,8 @@ def is_hs_probe(sport: int, dport: int) -> bool:
 
 
 def probe_exthdrs(npaths: int = RDS_MPATH_WORKERS) -> tuple[ExtHeader, ...]:
-    """Extensions a mainline sender puts on a probe ping/pong: NPATHS only (see module doc)."""
-    return (ExtHeader.npaths(npaths),)
+    """Extensions the stack puts on a probe ping/pong: NPATHS, then SPORT_IDX (see module doc)."""
+    return (ExtHeader.npaths(npaths), ExtHeader.sport_idx())
 
 
 def negotiate_npaths(exthdr: tuple[ExtHeader, ...], current: int = 0) -> int:
@@ -55,6 +61,11 @@ def negotiate_npaths(exthdr: tuple[ExtHeader, ...], current: int = 0) -> int:
         if ext.type == ExtHeaderType.NPATHS:
             npaths = min(RDS_MPATH_WORKERS, ext.values[0])
     return max(npaths, 1)
+
+
+def peer_sport_idx(exthdr: tuple[ExtHeader, ...]) -> bool:
+    """``c_with_sport_idx`` after a probe ping/pong with these extensions: SPORT_IDX is present."""
+    return any(ext.type == ExtHeaderType.SPORT_IDX for ext in exthdr)
 
 
 def peer_gen_num(exthdr: tuple[ExtHeader, ...]) -> int:
@@ -97,9 +108,10 @@ def jhash_1word(a: int, initval: int) -> int:
 def path_for_port(port: int, npaths: int, initval: int = 0) -> int:
     """Path index for a socket bound to ``port`` (``RDS_MPATH_HASH``); ``npaths`` must be a power of two.
 
-    ``npaths`` 0 (handshake not done) hashes over ``RDS_MPATH_WORKERS`` like ``rds_send_mprds_hash``; the
-    caller then sends on path 0 until the handshake completes.  The port is hashed in host order (the
-    post-2025 kernel; 6.1 hashes the big-endian bytes, which only changes which port lands where).
+    ``npaths`` 0 (handshake not done) hashes over ``RDS_MPATH_WORKERS`` like 6.1's ``rds_send_mprds_hash``;
+    the caller then sends on path 0 until the handshake completes (7.x hashes over ``c_npaths ?: 1``, i.e.
+    path 0 too).  The port is hashed in host order (the post-2025 kernel; 6.1 hashes the big-endian bytes,
+    which only changes which port lands where).
     """
     if not 0 <= port <= 0xFFFF:
         raise ValueError(f"port {port} out of range")

@@ -6,10 +6,12 @@ Layout: 0 be64 h_sequence | 8 be64 h_ack | 16 be32 h_len | 20 be16 h_sport | 22 
 Extension headers follow net/rds/message.c: one type byte then a body whose size is implied by the
 type (``rds_exthdr_size[]``).  Type 0 or a type >= ``RDS_EXTHDR_MAX`` (16) ends the list, as does an
 extension whose body would overrun the 16-byte area.  Types below 16 that the kernel table does not list
-(4, 7..15) have size 0: the kernel returns them as empty extensions and keeps parsing, and so does
-:func:`decode_exthdrs`.
-Mainline senders put at most one extension in a message (``rds_message_add_extension`` refuses a second);
-receivers parse as many as fit.
+(4, 7, 9..15; and 8 before 7.x) have size 0: the kernel returns them as empty extensions and keeps parsing,
+and so does :func:`decode_exthdrs`.
+``RDS_EXTHDR_SPORT_IDX`` (8, 7.x) has a 1-byte body (0). A 6.1/6.12 receiver sizes type 8 as 0 bytes, so a
+SPORT_IDX placed last is followed by its 0x00 body, which such a receiver reads as the NONE terminator.
+6.1/6.12 senders put at most one extension in a message (``rds_message_add_extension`` refuses a second);
+7.x senders put several (the probe: NPATHS, GEN_NUM, SPORT_IDX); receivers parse as many as fit.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ EXTHDR_BODY_SIZE: dict[int, int] = {
     ExtHeaderType.RDMA_DEST: 8,  # struct rds_ext_header_rdma_dest { __be32 rkey; __be32 offset; }
     ExtHeaderType.NPATHS: 2,  # __be16
     ExtHeaderType.GEN_NUM: 4,  # __be32
+    ExtHeaderType.SPORT_IDX: 1,  # u8 dummy (7.x); 0 bytes on 6.1/6.12
 }
 
 
@@ -84,9 +87,17 @@ class ExtHeader:
     def gen_num(cls, gen_num: int) -> ExtHeader:
         return cls(ExtHeaderType.GEN_NUM, struct.pack(">I", gen_num))
 
+    @classmethod
+    def sport_idx(cls) -> ExtHeader:
+        """``RDS_EXTHDR_SPORT_IDX``: its presence is the message; the body is a zero byte."""
+        return cls(ExtHeaderType.SPORT_IDX, b"\0")
+
     @property
     def values(self) -> tuple[int, ...]:
-        """The body as host integers: (version,), (rkey,), (rkey, offset), (npaths,), (gen_num,) or ()."""
+        """The body as host integers: (version,), (rkey,), (rkey, offset), (npaths,), (gen_num,), (0,) for
+        SPORT_IDX, or ()."""
+        if len(self.body) == 1:
+            return (self.body[0],)
         if len(self.body) == 8:
             return struct.unpack(">II", self.body)
         if len(self.body) == 4:

@@ -11,6 +11,13 @@ Receive side (tcp_recv.c, recv.c ``rds_recv_incoming``): ``h_flags == CONG_BITMA
 a ping (dport 0, sport != 0) is answered with a pong when ping_enable; probe ping/pong carry the NPATHS
 handshake.  Regular pongs
 (sport 0, dport != 1) are ordinary messages for the socket bound to dport, as in the kernel (rds-ping).
+
+Multipath catch-up (7.x ``rds_mprds_cp0_catchup``): when a connection fans out (``c_npaths`` becomes > 1 from
+a handshake) the connection records path 0's next sequence number (:meth:`PathEngine.begin_catchup` on path
+0's engine); from then on a path > 0 (given ``lane0``) transmits no message while path 0 still holds, unacked
+or unsent, a message with a smaller sequence number.  A socket's first messages, sent on path 0 before NPATHS
+was known, so reach the peer before its later ones on its hashed path.  Each time a path > 0 has to wait,
+``catchup_retries`` (``mprds_catchup_tx0_retries``) is incremented.
 """
 
 from __future__ import annotations
@@ -42,7 +49,13 @@ from pyrds.userspace.proto.events import (
     UnackedMessage,
 )
 from pyrds.userspace.proto.framer import Frame, MessageFramer
-from pyrds.userspace.proto.handshake import AddressLike, negotiate_npaths, peer_gen_num, probe_exthdrs
+from pyrds.userspace.proto.handshake import (
+    AddressLike,
+    negotiate_npaths,
+    peer_gen_num,
+    peer_sport_idx,
+    probe_exthdrs,
+)
 from pyrds.userspace.proto.header import ExtHeader, RDSHeader
 
 __all__ = ["PathEngine", "PathState", "SendQueueFull"]
@@ -83,6 +96,7 @@ class PathEngine:
         max_len: int = RDS_MAX_MSG_SIZE,
         max_queued_bytes: int | None = None,
         max_queued_msgs: int | None = None,
+        lane0: PathEngine | None = None,
     ) -> None:
         self.laddr = laddr
         self.faddr = faddr
@@ -104,9 +118,18 @@ class PathEngine:
         self._tx_bytes = 0  # bytes handed out by bytes_to_send() on this connection
         self._acked_bytes = 0
         self._npaths = 0
+        self._with_sport_idx = False
         self._peer_gen = 0
         self.pongs_dropped = 0
-        self.advertise_npaths = RDS_MPATH_WORKERS  # NPATHS on our probes and pongs
+        #: NPATHS on our probes and pongs while the peer has not shown SPORT_IDX (a peer that has, dials each
+        #: path from a port naming it, so it always gets RDS_MPATH_WORKERS)
+        self.advertise_npaths = RDS_MPATH_WORKERS
+        self.last_advertised = 0  # NPATHS on the last probe/pong queued (0: none yet)
+        #: path 0's engine, for a path > 0: the catch-up rule (module doc) looks at its queues
+        self.lane0 = lane0 if index > 0 else None
+        self.catchup_tx_seq = 0  # path 0: ``c_cp0_mprds_catchup_tx_seq`` (0: no catch-up)
+        self.catchup_retries = 0  # path > 0: times it had to wait for path 0 (``mprds_catchup_tx0_retries``)
+        self._held = False
 
     # -- info ---------------------------------------------------------------------------------------------
     @property
@@ -127,8 +150,18 @@ class PathEngine:
         return self._npaths
 
     @property
+    def peer_sport_idx(self) -> bool:
+        """``c_with_sport_idx``: the last probe ping/pong received carried SPORT_IDX."""
+        return self._with_sport_idx
+
+    @property
     def peer_gen_num(self) -> int:
         return self._peer_gen
+
+    @property
+    def held(self) -> bool:
+        """The last :meth:`bytes_to_send` kept messages back because path 0 is still catching up."""
+        return self._held
 
     @property
     def queued_bytes(self) -> int:
@@ -188,8 +221,28 @@ class PathEngine:
         return self.queue(sport, 0, b"")
 
     def send_probe(self) -> int:
-        """Queue the multipath handshake ping (``rds_send_ping``): sport 1 -> dport 0 with NPATHS."""
-        return self.queue(RDS_FLAG_PROBE_PORT, 0, b"", exthdr=probe_exthdrs(self.advertise_npaths))
+        """Queue the multipath handshake ping (``rds_send_ping``): sport 1 -> dport 0 with NPATHS and
+        SPORT_IDX."""
+        return self.queue(RDS_FLAG_PROBE_PORT, 0, b"", exthdr=self._probe_exthdrs(self._with_sport_idx))
+
+    def _probe_exthdrs(self, peer_sport_idx: bool) -> tuple[ExtHeader, ...]:
+        self.last_advertised = RDS_MPATH_WORKERS if peer_sport_idx else self.advertise_npaths
+        return probe_exthdrs(self.last_advertised)
+
+    # -- multipath catch-up (module doc) ------------------------------------------------------------------
+    def begin_catchup(self, pending: int = 0) -> None:
+        """Path 0 at fan-out: paths > 0 wait until every message path 0 holds now is acked. ``pending``:
+        messages the caller still holds for path 0 that will get the next sequence numbers."""
+        self.catchup_tx_seq = self._next_tx_seq + pending
+
+    def catching_up(self) -> bool:
+        """Path 0: its oldest message not yet acked (retransmit queue, then send queue) is older than the
+        catch-up sequence number."""
+        if not self.catchup_tx_seq:
+            return False
+        if self._written and self._written[0].header.sequence < self.catchup_tx_seq:
+            return True
+        return bool(self._send_queue) and self._send_queue[0].header.sequence < self.catchup_tx_seq
 
     def queue_cong_map(self) -> None:
         """Send ``local_map`` before the next queued message (coalesces like ``c_map_queued``)."""
@@ -197,12 +250,18 @@ class PathEngine:
 
     def bytes_to_send(self, max_bytes: int | None = None) -> bytes:
         """Drain whole messages to write to the TCP socket (at least one if any, then up to ``max_bytes``)."""
+        self._held = False
         if self._state != PathState.UP:
             return b""
         out = bytearray()
         if self._cong_pending:
             self._cong_pending = False
             out += encode_cong_map_message(self.local_map)
+        if self._send_queue and self.lane0 is not None and self.lane0.catching_up():
+            self._held = True
+            self.catchup_retries += 1
+            self._tx_bytes += len(out)
+            return bytes(out)
         while self._send_queue and (max_bytes is None or not out or len(out) < max_bytes):
             msg = self._send_queue.popleft()
             out += msg.header.encode()
@@ -263,18 +322,22 @@ class PathEngine:
         self._state = state
         self.state_changed_at = now
 
-    def reset_sequences(self) -> None:
-        """Peer restarted (GEN_NUM changed): seqs restart and unacked messages are flushed, not resent."""
+    def reset_sequences(self) -> list[AckedMessage]:
+        """Peer restarted (GEN_NUM changed): seqs restart and unacked messages are flushed, not resent
+        (``rds_conn_peer_gen_update``). Returns the flushed messages (the sender releases them)."""
         self._next_tx_seq = 1
         self._next_rx_seq = 0
-        for msg in self._written:
-            self._queued_bytes -= len(msg.payload)
+        self.catchup_tx_seq = 0
+        flushed = list(self._written)
+        flushed.extend(m for m in self._send_queue if m.header.flags & HeaderFlag.RETRANSMITTED)
         self._written.clear()
-        kept = [m for m in self._send_queue if not m.header.flags & HeaderFlag.RETRANSMITTED]
-        for msg in self._send_queue:
-            if msg.header.flags & HeaderFlag.RETRANSMITTED:
-                self._queued_bytes -= len(msg.payload)
-        self._send_queue = deque(kept)
+        self._send_queue = deque(m for m in self._send_queue if not m.header.flags & HeaderFlag.RETRANSMITTED)
+        done: list[AckedMessage] = []
+        for msg in flushed:
+            self._queued_bytes -= len(msg.payload)
+            h = msg.header
+            done.append(AckedMessage(h.sequence, h.length, h.sport, h.dport, h.flags))
+        return done
 
     # -- receive side -------------------------------------------------------------------------------------
     def feed(self, data: bytes | bytearray | memoryview, now: float) -> list[Event]:
@@ -310,7 +373,7 @@ class PathEngine:
         if self.ping_enable and h.dport == 0:
             if h.sport == 0:
                 return  # "ignore ping with 0 sport"
-            queued = self._queue_pong(h.sport)
+            queued = self._queue_pong(h.sport, peer_sport_idx(h.exthdr))
             events.append(PingReceived(h.sport, h.sequence, queued))
             if h.sport == RDS_FLAG_PROBE_PORT:
                 self._handshake(h, events)
@@ -321,25 +384,26 @@ class PathEngine:
             return
         events.append(MessageReceived(h, payload, now))
 
-    def _queue_pong(self, dport: int) -> bool:
+    def _queue_pong(self, dport: int, sport_idx: bool) -> bool:
         # Pongs bypass the caller's queue limits (rds_send_pong has none) but are bounded by twice them.
         limit_m = self.max_queued_msgs
         if limit_m is not None and self.queued_msgs >= 2 * limit_m:
             self.pongs_dropped += 1
             return False
-        exthdr = probe_exthdrs(self.advertise_npaths) if dport == RDS_FLAG_PROBE_PORT else ()
+        exthdr = self._probe_exthdrs(sport_idx) if dport == RDS_FLAG_PROBE_PORT else ()
         self._enqueue(0, dport, b"", 0, exthdr)
         return True
 
     def _handshake(self, h: RDSHeader, events: list[Event]) -> None:
         self._npaths = negotiate_npaths(h.exthdr, self._npaths)
-        events.append(NpathsNegotiated(self._npaths))
+        self._with_sport_idx = peer_sport_idx(h.exthdr)
+        events.append(NpathsNegotiated(self._npaths, self._with_sport_idx))
         gen = peer_gen_num(h.exthdr)
         if gen:
             if self._peer_gen and gen != self._peer_gen:
                 old = self._peer_gen
-                self.reset_sequences()
-                events.append(PeerGenChanged(old, gen))
+                flushed = self.reset_sequences()
+                events.append(PeerGenChanged(old, gen, tuple(flushed)))
             self._peer_gen = gen
 
 

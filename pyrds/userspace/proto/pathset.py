@@ -23,6 +23,15 @@ Nothing on the wire names the path, so both ends must agree on the pairing of TC
   connections (a 6.1 kernel dialling) get the first free path, as in 6.1, or with a single path replace the
   stale one (:func:`accept_path`). 6.1's random source ports look tagged one time in 32: a tag counts only
   for index 0 before the handshake and never once the peer is known to be 6.1 (:meth:`TcpConn.accept`).
+* 7.x (``RDS_EXTHDR_SPORT_IDX``): a 7.x dialer binds path i to a source port with ``port % 8 == i``
+  (``ALIGN(port_low, 8) + group * 8 + i``), and says so with SPORT_IDX on its probe/pong. A pyrds dialer's
+  tagged ports satisfy the same rule (``0xA8 | i``), and its probes carry SPORT_IDX too. Once the peer's last
+  probe/pong carried SPORT_IDX, an incoming connection belongs to path ``port % npaths`` (7.x
+  ``rds_tcp_accept_one_path``), whoever dialled; if that path still has a connection, the new one replaces
+  it (the peer only dials a path it has closed; 7.x stashes the new socket until the old one is gone instead,
+  which a lost RST can delay until keepalive gives up). Before any handshake nothing is known: the rules
+  above apply. At fan-out, an acceptor whose path 0 came from a port with ``port % npaths != 0`` drops it
+  (the peer opened another path first), like 7.x.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ __all__ = [
     "is_tagged",
     "next_dial",
     "pyrds_dialer_port",
+    "sport_idx_ports",
 ]
 
 #: Written by the owner first on every new connection, outside the path's sequence space: seq 0 with
@@ -86,14 +96,23 @@ def pyrds_dialer_port(peer_port: int, npaths: int, peer_is_61: bool) -> int | No
     return peer_port
 
 
-def accept_path(peer_port: int | None, busy: Sequence[bool]) -> tuple[int, bool] | None:
+def accept_path(
+    peer_port: int | None, busy: Sequence[bool], sport_idx: bool = False
+) -> tuple[int, bool] | None:
     """The acceptor's choice for an incoming connection: ``(path index, replaces an open connection)``, or
     None to refuse it. ``peer_port``: a pyrds dialer's tagged source port, None for any other dialer.
-    ``busy[i]``: path i has a connection; ``len(busy)`` is the number of usable paths.
+    ``busy[i]``: path i has a connection; ``len(busy)`` is the number of usable paths (``max(1, npaths)``).
+    ``sport_idx``: the peer's last probe/pong carried SPORT_IDX, so every dialer port names its path
+    (``peer_port`` is then the raw source port): path ``peer_port % len(busy)``, replacing a stale connection.
 
     A single-path dialer that is not pyrds (6.1) only dials again when its connection is dead, and it writes
     on the new connection as soon as TCP completes: refusing it would throw away what our TCP already acked,
     so the new connection replaces the stale one."""
+    if sport_idx and peer_port is not None:
+        if not busy:
+            return None
+        index = peer_port % len(busy)
+        return index, busy[index]
     if peer_port is not None:
         index = peer_port & 7
         if index >= len(busy):
@@ -105,6 +124,16 @@ def accept_path(peer_port: int | None, busy: Sequence[bool]) -> tuple[int, bool]
     if len(busy) == 1:
         return 0, True
     return None
+
+
+def sport_idx_ports(index: int, low: int, high: int, start: int) -> list[int]:
+    """7.x ``rds_tcp_conn_path_connect``: the source ports naming path ``index`` in ``low..high``
+    (``ALIGN(low, 8) + group * 8 + index``), beginning with group ``start`` and wrapping around."""
+    if not 0 <= index < RDS_MPATH_WORKERS:
+        raise ValueError(f"path index {index} out of range")
+    base = (low + RDS_MPATH_WORKERS - 1) // RDS_MPATH_WORKERS * RDS_MPATH_WORKERS
+    groups = max(0, (high - base + 1) // RDS_MPATH_WORKERS)
+    return [base + ((start + g) % groups) * RDS_MPATH_WORKERS + index for g in range(groups)]
 
 
 def next_dial(lanes: Sequence[Lane], npaths: int) -> int | None:

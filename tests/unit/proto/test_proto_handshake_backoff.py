@@ -51,6 +51,15 @@ def test_should_dial_smaller_address_owns() -> None:
         should_dial("10.0.0.1", "fd00::1")
 
 
+def test_probe_extensions_and_sport_idx() -> None:
+    from pyrds.userspace.proto import ExtHeader, peer_sport_idx, probe_exthdrs
+
+    assert probe_exthdrs(8) == (ExtHeader.npaths(8), ExtHeader.sport_idx())  # SPORT_IDX last (6.1 parsing)
+    assert probe_exthdrs(1)[0] == ExtHeader.npaths(1)
+    assert peer_sport_idx((ExtHeader.npaths(8), ExtHeader.gen_num(3), ExtHeader.sport_idx()))
+    assert not peer_sport_idx((ExtHeader.npaths(8),)) and not peer_sport_idx(())
+
+
 def test_hs_probe() -> None:
     assert is_hs_probe(1, 0) and is_hs_probe(0, 1)
     assert not is_hs_probe(1, 1) and not is_hs_probe(2, 0)

@@ -87,6 +87,46 @@ def test_decode_stops_at_none_and_at_type_16_or_more() -> None:
     assert decode_exthdrs(area) == (ExtHeader.gen_num(3),)
 
 
+def test_sport_idx_has_a_one_byte_body() -> None:
+    assert ExtHeaderType.SPORT_IDX == 8
+    assert ExtHeader.sport_idx() == ExtHeader(8, b"\0") and ExtHeader.sport_idx().values == (0,)
+    with pytest.raises(ValueError):
+        ExtHeader(ExtHeaderType.SPORT_IDX)  # 0 bytes is the 6.1 size, not 7.x's
+
+
+def test_decode_7x_probe_area() -> None:
+    """rds_send_probe on 7.x: NPATHS(5) be16 8, GEN_NUM(6) be32, SPORT_IDX(8) 0x00."""
+    area = bytes([5, 0, 8, 6, 0xDE, 0xAD, 0xBE, 0xEF, 8, 0]) + b"\0" * 6
+    assert decode_exthdrs(area) == (ExtHeader.npaths(8), ExtHeader.gen_num(0xDEADBEEF), ExtHeader.sport_idx())
+    assert encode_exthdrs(decode_exthdrs(area)) == area
+
+
+def decode_like_6_1(area: bytes) -> list[tuple[int, bytes]]:
+    """rds_message_next_extension with 6.1's rds_exthdr_size (no entry for 8: size 0)."""
+    sizes = {1: 4, 2: 4, 3: 8, 5: 2, 6: 4}
+    out: list[tuple[int, bytes]] = []
+    pos = 0
+    while pos < 16:
+        t = area[pos]
+        pos += 1
+        if t == 0 or t >= 16 or pos + sizes.get(t, 0) > 16:
+            break
+        out.append((t, area[pos : pos + sizes.get(t, 0)]))
+        pos += sizes.get(t, 0)
+    return out
+
+
+def test_our_probe_extensions_parse_on_6_1() -> None:
+    """SPORT_IDX last: 6.1 sees NPATHS, an empty unknown type 8 (ignored with a warning), then the 0x00 body
+    ends the list."""
+    from pyrds.userspace.proto import probe_exthdrs
+
+    area = encode_exthdrs(probe_exthdrs(8))
+    assert area[:5] == bytes([5, 0, 8, 8, 0])
+    assert decode_like_6_1(area) == [(5, b"\0\x08"), (8, b"")]
+    assert decode_exthdrs(area) == (ExtHeader.npaths(8), ExtHeader.sport_idx())
+
+
 def test_decode_unlisted_type_is_zero_length_like_kernel() -> None:
     # rds_exthdr_size[4] == 0: the kernel yields type 4 with no body and keeps going.
     area = bytes([4, 5, 0, 2]) + b"\0" * 12
@@ -107,6 +147,7 @@ def test_encode_too_many_extensions_rejected() -> None:
 ext_strategy = st.one_of(
     st.integers(0, 0xFFFF).map(ExtHeader.npaths),
     st.integers(0, 0xFFFFFFFF).map(ExtHeader.gen_num),
+    st.builds(lambda: ExtHeader.sport_idx()),
     st.integers(0, 0xFFFFFFFF).map(ExtHeader.version),
     st.integers(0, 0xFFFFFFFF).map(ExtHeader.rdma),
     st.tuples(st.integers(0, 0xFFFFFFFF), st.integers(0, 0xFFFFFFFF)).map(lambda t: ExtHeader.rdma_dest(*t)),
@@ -122,7 +163,7 @@ headers = st.builds(
     flags=st.integers(0, 0xFF),
     credit=st.integers(0, 0xFF),
     csum=st.integers(0, 0xFFFF),
-    exthdr=st.lists(ext_strategy, max_size=2)
+    exthdr=st.lists(ext_strategy, max_size=3)
     .filter(lambda xs: sum(1 + len(x.body) for x in xs) <= 16)
     .map(tuple),
 )

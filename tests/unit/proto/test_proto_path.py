@@ -209,14 +209,16 @@ def test_npaths_negotiation() -> None:
     raw = a.bytes_to_send()
     h = RDSHeader.decode(raw)
     assert (h.sport, h.dport, h.sequence) == (1, 0, probe_seq)
-    assert h.exthdr == (ExtHeader.npaths(RDS_MPATH_WORKERS),)  # mainline: one extension only
+    # NPATHS then SPORT_IDX (7.x sends GEN_NUM between them; SPORT_IDX last keeps 6.1 parsing sane)
+    assert h.exthdr == (ExtHeader.npaths(RDS_MPATH_WORKERS), ExtHeader.sport_idx())
     ev = b.feed(raw, clock.tick())
-    assert ev == [PingReceived(1, probe_seq, True), NpathsNegotiated(8)]
+    assert ev == [PingReceived(1, probe_seq, True), NpathsNegotiated(8, True)]
     pong = b.bytes_to_send()
     ph = RDSHeader.decode(pong)
-    assert (ph.sport, ph.dport) == (0, 1) and ph.ext(ExtHeaderType.NPATHS) == ExtHeader.npaths(8)
-    assert a.feed(pong, clock.tick()) == [PongReceived(1), NpathsNegotiated(8)]
+    assert (ph.sport, ph.dport) == (0, 1) and ph.exthdr == (ExtHeader.npaths(8), ExtHeader.sport_idx())
+    assert a.feed(pong, clock.tick()) == [PongReceived(1), NpathsNegotiated(8, True)]
     assert a.npaths == b.npaths == 8
+    assert a.peer_sport_idx and b.peer_sport_idx
 
 
 @pytest.mark.parametrize(
@@ -238,7 +240,9 @@ def test_gen_num_change_resets_sequences() -> None:
     assert PeerGenChanged not in [type(e) for e in a.feed(probe, 1.0)]
     probe2 = RDSHeader(sequence=8, sport=1, dport=0, exthdr=(ExtHeader.gen_num(12),)).encode()
     ev = a.feed(probe2, 2.0)
-    assert PeerGenChanged(11, 12) in ev
+    changed = [e for e in ev if isinstance(e, PeerGenChanged)]
+    assert [(e.old, e.new) for e in changed] == [(11, 12)]
+    assert [m.length for m in changed[0].flushed] == [1]  # the unacked "q", never sent again
     assert a.next_rx_seq == 0 and a.unacked == []
 
 
@@ -317,16 +321,147 @@ def test_local_map_is_shared_reference() -> None:
     assert CongestionMap.from_bytes(a.bytes_to_send()[48:]).test(99)
 
 
+PROBE_61 = RDSHeader(sequence=5, sport=1, dport=0, exthdr=(ExtHeader.npaths(8),)).encode()
+# what 7.x rds_send_probe puts on the wire: NPATHS 8, GEN_NUM 0x1234, SPORT_IDX
+PROBE_7X = RDSHeader(sequence=5, sport=1, dport=0).encode()[:32] + bytes(
+    [5, 0, 8, 6, 0, 0, 0x12, 0x34, 8, 0, 0, 0, 0, 0, 0, 0]
+)
+
+
 def test_advertised_npaths_on_probe_and_pong() -> None:
     """A stack that must stay on one path (a 6.1 dialer it cannot pair) says NPATHS=1 on probes and pongs."""
-    a, b, clock = pair()
-    a.bytes_to_send()
+    b = PathEngine("10.0.0.2", "10.0.0.1")
+    b.connection_made(0.0)
     b.bytes_to_send()
     b.advertise_npaths = 1
-    a.send_probe()
-    ev = b.feed(a.bytes_to_send(), clock.tick())
-    assert NpathsNegotiated(8) in ev
-    assert a.feed(b.bytes_to_send(), clock.tick()) == [PongReceived(1), NpathsNegotiated(1)]
+    assert b.feed(PROBE_61, 1.0) == [PingReceived(1, 5, True), NpathsNegotiated(8, False)]
+    h = RDSHeader.decode(b.bytes_to_send())
+    assert (h.sport, h.dport) == (0, 1) and h.exthdr == (ExtHeader.npaths(1), ExtHeader.sport_idx())
+    assert b.last_advertised == 1
     b.send_probe()
     h = RDSHeader.decode(b.bytes_to_send()[:48])
     assert h.ext(ExtHeaderType.NPATHS) == ExtHeader.npaths(1)
+
+
+def test_peer_speaking_sport_idx_always_gets_every_path() -> None:
+    """A 7.x probe (SPORT_IDX): the dialer names its paths by source port, so the one-path limit for 6.1
+    dialers does not apply; c_with_sport_idx is re-evaluated at every probe/pong."""
+    b = PathEngine("10.0.0.2", "10.0.0.1")
+    b.connection_made(0.0)
+    b.bytes_to_send()
+    b.advertise_npaths = 1
+    ev = b.feed(PROBE_7X, 1.0)
+    assert ev == [PingReceived(1, 5, True), NpathsNegotiated(8, True)]
+    assert b.peer_sport_idx and b.peer_gen_num == 0x1234
+    pong = RDSHeader.decode(b.bytes_to_send())
+    assert pong.exthdr == (ExtHeader.npaths(8), ExtHeader.sport_idx()) and b.last_advertised == 8
+    b.send_probe()  # our own probe to a peer known to speak SPORT_IDX
+    assert RDSHeader.decode(b.bytes_to_send()).ext(ExtHeaderType.NPATHS) == ExtHeader.npaths(8)
+    probe = RDSHeader(sequence=6, sport=1, dport=0, exthdr=(ExtHeader.npaths(8),)).encode()
+    assert NpathsNegotiated(8, False) in b.feed(probe, 2.0)  # the peer stopped sending it (a 6.1 again)
+    assert not b.peer_sport_idx
+
+
+def test_sport_idx_on_a_pong_is_recorded() -> None:
+    a = PathEngine("10.0.0.1", "10.0.0.2")
+    a.connection_made(0.0)
+    exts = (ExtHeader.npaths(4), ExtHeader.sport_idx())
+    pong = RDSHeader(sequence=1, sport=0, dport=1, exthdr=exts).encode()
+    assert a.feed(pong, 1.0) == [PongReceived(1), NpathsNegotiated(4, True)]
+    assert a.peer_sport_idx
+
+
+def lanes() -> tuple[PathEngine, PathEngine]:
+    lane0 = PathEngine("10.0.0.1", "10.0.0.2", 0)
+    lane3 = PathEngine("10.0.0.1", "10.0.0.2", 3, lane0=lane0)
+    for e in (lane0, lane3):
+        e.connection_made(0.0)
+        e.bytes_to_send()  # path 0's congestion map
+    return lane0, lane3
+
+
+def test_catchup_lane_waits_until_path0_messages_from_before_fan_out_are_acked() -> None:
+    lane0, lane3 = lanes()
+    early = [lane0.queue(4000, 5000, b"early%d" % i) for i in range(3)]
+    lane0.begin_catchup()  # fan-out: c_cp0_mprds_catchup_tx_seq = cp_next_tx_seq
+    assert lane0.catchup_tx_seq == early[-1] + 1
+    lane3.queue(4000, 5000, b"later")
+    # path 0 has not sent them yet (send queue)
+    assert lane3.bytes_to_send() == b"" and lane3.held and lane3.catchup_retries == 1
+    assert lane3.unsent and not lane3.unacked
+    lane0.bytes_to_send()
+    # sent, not acked (retransmit queue)
+    assert lane3.bytes_to_send() == b"" and lane3.held and lane3.catchup_retries == 2
+    lane0.acked_through(lane0.tx_bytes - 1)  # the last one is still partly unacked
+    assert lane3.bytes_to_send() == b"" and lane3.catchup_retries == 3
+    lane0.queue(4000, 5001, b"after fan-out")  # newer messages on path 0 do not hold anyone
+    lane0.acked_through(lane0.tx_bytes)
+    data = lane3.bytes_to_send()
+    assert not lane3.held and lane3.catchup_retries == 3
+    assert RDSHeader.decode(data).sport == 4000 and data.endswith(b"later")
+
+
+def test_catchup_counts_only_when_a_lane_has_something_to_send() -> None:
+    lane0, lane3 = lanes()
+    lane0.queue(1, 2, b"x")
+    lane0.begin_catchup()
+    assert lane3.bytes_to_send() == b"" and not lane3.held and lane3.catchup_retries == 0
+    lane3.queue_cong_map()  # the congestion map is not a message: it is not held (7.x sends it first)
+    lane3.queue(1, 2, b"y")
+    out = lane3.bytes_to_send()
+    assert len(out) == 48 + RDS_CONG_MAP_BYTES and lane3.held
+
+
+def test_catchup_includes_messages_the_caller_still_holds_for_path0() -> None:
+    lane0, lane3 = lanes()
+    lane0.begin_catchup(pending=2)  # two staged messages get the next two sequence numbers
+    lane0.queue(1, 2, b"staged 1")
+    lane0.queue(1, 2, b"staged 2")
+    lane3.queue(1, 2, b"z")
+    lane0.bytes_to_send()
+    lane0.acked_through(lane0.tx_bytes - 1)
+    assert lane3.bytes_to_send() == b""
+    lane0.acked_through(lane0.tx_bytes)
+    assert lane3.bytes_to_send().endswith(b"z")
+
+
+def test_catchup_after_reconnect_waits_for_path0_retransmissions() -> None:
+    lane0, lane3 = lanes()
+    lane0.queue(1, 2, b"old")
+    lane0.bytes_to_send()
+    lane0.begin_catchup()
+    lane0.connection_lost(1.0)
+    lane3.queue(1, 2, b"new")
+    assert lane3.bytes_to_send() == b""  # path 0 is down with "old" unacked
+    lane0.connection_made(2.0)
+    assert lane3.bytes_to_send() == b""  # requeued as a retransmission, not sent yet
+    lane0.bytes_to_send()
+    lane0.acked_through(lane0.tx_bytes)
+    assert lane3.bytes_to_send().endswith(b"new")
+
+
+def test_path0_itself_and_paths_without_lane0_never_wait() -> None:
+    lane0, _ = lanes()
+    lane0.queue(1, 2, b"a")
+    lane0.begin_catchup()
+    lane0.queue(1, 2, b"b")
+    assert lane0.bytes_to_send().endswith(b"b") and not lane0.held
+    solo = PathEngine("10.0.0.1", "10.0.0.2", 2)
+    solo.connection_made(0.0)
+    solo.queue(1, 2, b"c")
+    assert solo.bytes_to_send().endswith(b"c")
+
+
+def test_gen_num_change_flushes_and_ends_catchup() -> None:
+    lane0, lane3 = lanes()
+    lane0.feed(RDSHeader(sequence=1, sport=1, dport=0, exthdr=(ExtHeader.gen_num(1),)).encode(), 1.0)
+    seq = lane0.queue(1, 2, b"unacked")
+    lane0.bytes_to_send()
+    lane0.begin_catchup()
+    lane3.queue(1, 2, b"w")
+    assert lane3.bytes_to_send() == b""
+    ev = lane0.feed(RDSHeader(sequence=2, sport=1, dport=0, exthdr=(ExtHeader.gen_num(2),)).encode(), 2.0)
+    changed = [e for e in ev if isinstance(e, PeerGenChanged)]
+    assert len(changed) == 1 and [m.seq for m in changed[0].flushed] == [seq - 1, seq]  # the pong, "unacked"
+    assert lane0.catchup_tx_seq == 0 and lane0.queued_bytes == 0
+    assert lane3.bytes_to_send().endswith(b"w")

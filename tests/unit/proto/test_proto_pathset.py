@@ -26,6 +26,42 @@ def test_dial_port_names_the_path() -> None:
             assert is_tagged(port) and port & 7 == index and port & 0xFF == PORT_TAG | index
 
 
+def test_dial_port_is_what_a_7x_acceptor_pairs_by_index() -> None:
+    """7.x pairs an incoming connection with path ``sport % c_npaths``: a pyrds dialer's port for path i
+    gives i for every npaths the paths can have."""
+    for index in range(8):
+        for rand in range(0, 65536, 97):
+            port = dial_port(rand, index)
+            assert port % 8 == index
+            for n in (1, 2, 4, 8):
+                if index < n:
+                    assert port % n == index
+
+
+def test_sport_idx_ports_like_7x_connect() -> None:
+    from pyrds.userspace.proto.pathset import sport_idx_ports
+
+    # ALIGN(port_low, 8) + group * 8 + cp_index, every group of the range, from the given one on
+    ports = sport_idx_ports(3, 32770, 32800, 1)
+    assert ports == [32787, 32795, 32779]  # ALIGN(32770, 8) = 32776: groups 0..2, from group 1
+    assert all(p % 8 == 3 and 32770 <= p <= 32800 for p in ports)
+    full = sport_idx_ports(5, 32768, 60999, 12345)
+    assert len(full) == len(set(full)) == (60999 - 32768 + 1) // 8
+    assert all(p % 8 == 5 for p in full)
+    assert sport_idx_ports(0, 100, 103, 0) == []
+
+
+def test_accept_with_sport_idx_pairs_by_port_modulo_npaths() -> None:
+    """Once the peer's probe/pong carried SPORT_IDX: path ``port % npaths`` for any dialer (a 7.x kernel's
+    untagged ports too); a busy path is replaced (the peer only re-dials a path it closed)."""
+    busy = [True, False, False, True]
+    assert accept_path(40003, busy, sport_idx=True) == (3, True)
+    assert accept_path(40006, busy, sport_idx=True) == (2, False)  # 40006 % 8 == 6, % 4 == 2
+    assert accept_path(dial_port(9, 1), busy, sport_idx=True) == (1, False)
+    assert accept_path(40005, [True], sport_idx=True) == (0, True)  # npaths 1: always path 0
+    assert accept_path(None, busy, sport_idx=True) == (1, False)  # no port: first free, as without it
+
+
 def test_accept_tagged_pairs_by_index_and_replaces_stale() -> None:
     busy = [True, False, True, False]
     assert accept_path(dial_port(5, 2), busy) == (2, True)  # the owner re-dialled 2: the old one is stale
@@ -162,3 +198,72 @@ def test_owner_preamble_is_dropped_without_effect_fresh_and_after_traffic() -> N
     assert len(ev) == 1 and isinstance(ev[0], DuplicateDropped)
     assert not any(isinstance(e, PingReceived | MessageReceived) for e in ev)
     assert b.next_rx_seq == before
+
+
+class Peer7x:
+    """7.x ``rds_tcp_accept_one_path`` once ``c_with_sport_idx``: path ``sport % npaths`` if it is DOWN, else
+    the socket is stashed and accepted when that path goes down."""
+
+    def __init__(self, n: int) -> None:
+        self.up = [False] * n
+        self.stash: list[int] = []
+        self.placed: list[tuple[int, int]] = []
+
+    def accept(self, port: int) -> None:
+        self.stash.append(port)
+        self._drain()
+
+    def down(self, index: int) -> None:
+        self.up[index] = False
+        self._drain()
+
+    def _drain(self) -> None:
+        for port in list(self.stash):
+            index = port % len(self.up)
+            if not self.up[index]:
+                self.up[index] = True
+                self.stash.remove(port)
+                self.placed.append((port, index))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.sampled_from([1, 2, 4, 8]),
+    failures=st.lists(st.integers(0, 7), max_size=6),
+    late=st.booleans(),
+)
+def test_pyrds_owner_paths_pair_identically_on_a_7x_acceptor(n: int, failures: list[int], late: bool) -> None:
+    """Whatever the order and however late the 7.x acceptor notices a closed path, each pyrds path lands on
+    the peer path with its index (its source port names it)."""
+    peer = Peer7x(n)
+    ports = {i: dial_port(i * 7919 + 1, i) for i in range(n)}
+    for i in range(n):
+        peer.accept(ports[i])
+    for f in failures:  # the owner closes everything and re-dials in order
+        for i in range(n):
+            ports[i] = dial_port((i + 1) * (f + 3) * 104729, i)
+            if late:  # the peer sees the close only after the re-dial arrived
+                peer.accept(ports[i])
+                peer.down(i)
+            else:
+                peer.down(i)
+                peer.accept(ports[i])
+    assert not peer.stash
+    assert all(port % 8 == index for port, index in peer.placed)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    order=st.permutations(list(range(1, 8))),
+    groups=st.lists(st.integers(0, 3500), min_size=8, max_size=8),
+)
+def test_7x_dialer_parallel_redials_pair_on_a_pyrds_acceptor_with_sport_idx(
+    order: list[int], groups: list[int]
+) -> None:
+    """A 7.x owner re-dials its paths in parallel from ``ALIGN(low, 8) + group * 8 + i``; a pyrds acceptor
+    that saw SPORT_IDX pairs them by index in any arrival order, replacing the stale connections."""
+    busy = [True] * 8
+    for i in order:
+        port = 32768 + groups[i] * 8 + i
+        assert not is_tagged(port) or port & 7 == i
+        assert accept_path(port, busy, sport_idx=True) == (i, True)

@@ -64,6 +64,8 @@ class FakeConn:
     def __init__(self) -> None:
         self.mgr = type("Mgr", (), {"stack": FakeStack(), "svc": FakeSvc(), "closed": False})()
         self.downs = 0
+        self.paths: list[TcpPath] = []
+        self.paths.append(TcpPath(self, 0))  # type: ignore[arg-type]  # path 0: what paths > 0 catch up with
 
     def path_down(self, _p: TcpPath) -> None:
         self.downs += 1

@@ -1,0 +1,360 @@
+"""RDS/TCP multipath toward 7.x kernels, on TcpConn/TcpPath with a fake event loop and real loopback TCP
+connections: SPORT_IDX pairing by ``sport % npaths``, the 6.1 rules for peers without it, the fan-out check,
+re-probing, the path 0 catch-up with its counter, the dialer's source ports, SO_RDS_TRANSPORT in a netns."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from pyrds.constants import RDS_CONG_MAP_BYTES, SOL_RDS, ExtHeaderType, SockOpt
+from pyrds.userspace import tcp_transport
+from pyrds.userspace.config import StackConfig
+from pyrds.userspace.conn_manager import ConnManager, TcpConn
+from pyrds.userspace.counters import info_counters
+from pyrds.userspace.proto import (
+    ExtHeader,
+    MessageReceived,
+    NpathsNegotiated,
+    PathEngine,
+    PongReceived,
+    RDSHeader,
+)
+from pyrds.userspace.proto.pathset import PORT_TAG, is_tagged
+from pyrds.userspace.sockopts import getsockopt, setsockopt
+from pyrds.userspace.sockstate import Outgoing
+from pyrds.userspace.stack import Stack, StackError
+
+SMALL, LARGE = ipaddress.ip_address("10.0.0.1"), ipaddress.ip_address("10.0.0.2")
+# 7.x rds_send_probe on the wire: NPATHS 8, GEN_NUM 77, SPORT_IDX
+PROBE_7X = RDSHeader(sequence=1, sport=1, dport=0).encode()[:32] + bytes(
+    [5, 0, 8, 6, 0, 0, 0, 77, 8, 0]
+).ljust(16, b"\0")
+PROBE_61 = RDSHeader(sequence=1, sport=1, dport=0, exthdr=(ExtHeader.npaths(8),)).encode()
+
+
+class FakeSvc:
+    def __init__(self) -> None:
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+
+    def register(self, *_a: Any) -> None: ...
+    def modify(self, *_a: Any) -> None: ...
+    def unregister(self, *_a: Any) -> None: ...
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        self.timers.append((delay, fn))
+
+    def run_timers(self, max_delay: float = 0.05) -> None:
+        due = [t for t in self.timers if t[0] <= max_delay]
+        self.timers = [t for t in self.timers if t[0] > max_delay]
+        for _, fn in due:
+            fn()
+
+
+@pytest.fixture
+def peers() -> Iterator[list[socket.socket]]:
+    """The dialer ends of the connections a test makes (closed afterwards)."""
+    made: list[socket.socket] = []
+    yield made
+    for s in made:
+        s.close()
+
+
+def kernel_port(index: int) -> int:
+    """A 7.x dialer's source port for path ``index`` (ALIGN(low, 8) + group * 8 + index) that is NOT a pyrds
+    tag, free on 127.0.0.1."""
+    while True:
+        port = 32768 + random.randrange(3000) * 8 + index
+        if is_tagged(port):
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+
+
+def connect_from(port: int, peers: list[socket.socket]) -> socket.socket:
+    """A TCP connection from 127.0.0.1:``port``; returns our (accepted, non-blocking) end."""
+    with socket.create_server(("127.0.0.1", 0)) as lst:
+        dialer = socket.socket()
+        dialer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        dialer.bind(("127.0.0.1", port))
+        dialer.connect(lst.getsockname())
+        ours, _ = lst.accept()
+    dialer.settimeout(5)
+    peers.append(dialer)
+    ours.setblocking(False)
+    return ours
+
+
+def make_conn(owner: bool) -> tuple[TcpConn, FakeSvc, Stack]:
+    stack = Stack()
+    svc = FakeSvc()
+    mgr = ConnManager(stack, svc)  # type: ignore[arg-type]
+    conn = mgr.conn(SMALL, LARGE) if owner else mgr.conn(LARGE, SMALL)
+    assert conn.owner == owner
+    return conn, svc, stack
+
+
+def arrive(path: Any, dialer: socket.socket, data: bytes) -> None:
+    """The peer writes ``data`` on ``path``'s connection; the event loop reads it (and flushes replies)."""
+    dialer.sendall(data)
+    time.sleep(0.02)
+    path._on_io(tcp_transport.R)
+
+
+def read_frames(dialer: socket.socket, want: int) -> list[RDSHeader]:
+    """What our side wrote on the connection as the peer's PathEngine parses it (at least ``want`` frames)."""
+    eng = PathEngine(SMALL, LARGE, 0, ping_enable=False)
+    eng.connection_made(0.0)
+    eng.bytes_to_send()
+    headers: list[RDSHeader] = []
+    deadline = time.monotonic() + 5
+    while len(headers) < want and time.monotonic() < deadline:
+        for frame in eng.framer.feed(dialer.recv(65536)):
+            headers.append(frame[0])
+    return headers
+
+
+def test_7x_dialer_paths_pair_by_source_port_once_its_probe_says_sport_idx(
+    peers: list[socket.socket],
+) -> None:
+    conn, _svc, _stack = make_conn(owner=False)
+    port0 = kernel_port(0)
+    conn.accept(connect_from(port0, peers), port0)
+    assert conn.max_paths == 1  # an untagged path 0 before any handshake: the 6.1 rule, as before
+    p0 = conn.paths[0]
+    arrive(p0, peers[0], PROBE_7X)
+    assert conn.with_sport_idx and conn.npaths == 8 and len(conn.paths) == 8
+    frames = [h for h in read_frames(peers[0], 2) if h.flags != 1]  # skip our congestion map
+    pong = frames[0]
+    assert (pong.sport, pong.dport) == (0, 1)
+    assert pong.exthdr == (ExtHeader.npaths(8), ExtHeader.sport_idx())  # every path, and SPORT_IDX
+    lane_ports = {}
+    for index in random.sample(range(1, 8), 7):  # 7.x dials paths 1..7 in parallel: any arrival order
+        port = kernel_port(index)
+        lane_ports[index] = port
+        conn.accept(connect_from(port, peers), port)
+    for index, port in lane_ports.items():
+        assert conn.paths[index].peer_port == port
+    assert conn.paths[0].peer_port == port0
+
+
+def test_redial_of_a_busy_path_replaces_it_after_reading_what_it_holds(peers: list[socket.socket]) -> None:
+    conn, _svc, stack = make_conn(owner=False)
+    port0 = kernel_port(0)
+    conn.accept(connect_from(port0, peers), port0)
+    conn.paths[0]._feed(PROBE_7X)
+    old_port = kernel_port(3)
+    conn.accept(connect_from(old_port, peers), old_port)
+    old_dialer = peers[-1]
+    eng = PathEngine(SMALL, LARGE, 3)
+    eng.connection_made(0.0)
+    eng.queue(4000, 5000, b"acked by our TCP, never read")
+    old_dialer.sendall(eng.bytes_to_send())
+    time.sleep(0.05)
+    new_port = kernel_port(3)
+    conn.accept(connect_from(new_port, peers), new_port)
+    assert conn.paths[3].peer_port == new_port
+    assert stack.counters["recv_drop_no_sock"] == 1  # the old connection's message was read and delivered
+    while old_dialer.recv(65536):  # our congestion map, then EOF: the old connection is closed
+        pass
+    assert stack.counters["tcp_connect_raced"] == 0
+
+
+def test_6_1_dialer_keeps_the_single_path_rules(peers: list[socket.socket]) -> None:
+    conn, _svc, _stack = make_conn(owner=False)
+    port0 = kernel_port(0)
+    conn.accept(connect_from(port0, peers), port0)
+    arrive(conn.paths[0], peers[0], PROBE_61)
+    assert conn.npaths == 1
+    pong = [h for h in read_frames(peers[0], 2) if h.flags != 1][0]
+    assert pong.ext(ExtHeaderType.NPATHS) == ExtHeader.npaths(1)
+    port = kernel_port(5)
+    conn.accept(connect_from(port, peers), port)  # a re-dial from a random port: replaces path 0
+    sock = conn.paths[0].sock
+    assert sock is not None and sock.getpeername()[1] == port
+
+
+def test_fan_out_drops_a_path_0_that_came_from_another_path(peers: list[socket.socket]) -> None:
+    """7.x rds_tcp_fan_out_w: the peer opened a path > 0 first (it knew NPATHS from an earlier life); the
+    acceptor put it on path 0 before any handshake, and drops it once SPORT_IDX and NPATHS are known. Our
+    probe told the peer one path (6.1 suspicion), so the stack probes again with eight."""
+    conn, _svc, _stack = make_conn(owner=False)
+    port = kernel_port(3)
+    conn.accept(connect_from(port, peers), port)
+    p0 = conn.paths[0]
+    conn.send_probe()
+    assert p0.engine.last_advertised == 1
+    pong = RDSHeader(sequence=1, sport=0, dport=1, exthdr=(ExtHeader.npaths(8), ExtHeader.sport_idx()))
+    arrive(p0, peers[0], pong.encode())
+    assert conn.npaths == 8 and p0.closing  # FIN sent, still reading until the peer's FIN
+    probes = [h.ext(ExtHeaderType.NPATHS) for h in read_frames(peers[0], 3) if (h.sport, h.dport) == (1, 0)]
+    assert probes == [ExtHeader.npaths(1), ExtHeader.npaths(8)]
+    assert peers[0].recv(1) == b""  # then our FIN
+
+
+def test_owner_probes_on_every_path_0_connection(peers: list[socket.socket]) -> None:
+    conn, _svc, _stack = make_conn(owner=True)
+    p0 = conn.paths[0]
+    for _ in range(2):
+        p0.established(connect_from(kernel_port(0), peers))
+        p0.lost()
+    probes = [m for m in p0.engine.unsent if (m.sport, m.dport) == (1, 0)]
+    assert len(probes) == 2
+
+
+def test_lane_waits_for_path_0_catch_up_and_counts_it(peers: list[socket.socket]) -> None:
+    conn, svc, stack = make_conn(owner=False)
+    p0 = conn.paths[0]
+    p0.queue(Outgoing(0, LARGE, SMALL, 0, 7, b""))  # path 0 is down: a message from before the fan-out
+    conn.negotiated(8, True)
+    assert p0.engine.catchup_tx_seq == p0.engine.next_tx_seq
+    port1 = kernel_port(1)
+    conn.accept(connect_from(port1, peers), port1)
+    lane1, dialer1 = conn.paths[1], peers[-1]
+    lane1.queue(Outgoing(0, LARGE, SMALL, 4000, 5000, b"later"))
+    assert stack.counters["mprds_catchup_tx0_retries"] >= 1 and lane1.engine.held
+    assert lane1.engine.unsent  # held back
+    port0 = kernel_port(0)
+    conn.accept(connect_from(port0, peers), port0)  # path 0 comes up and sends the old message
+    deadline = time.monotonic() + 5
+    while p0.engine.catching_up() and time.monotonic() < deadline:
+        time.sleep(0.005)
+        p0.check_acks()
+    assert not p0.engine.catching_up()
+    svc.run_timers()  # the lane's retry
+    got = read_frames(dialer1, 2)
+    assert [(h.length, h.sport) for h in got] == [(RDS_CONG_MAP_BYTES, 0), (5, 4000)]
+    names = [name for name, _ in info_counters(stack.counters)]
+    assert names.index("mprds_catchup_tx0_retries") == names.index("send_stuck_rm") + 1
+
+
+def test_peer_restart_resets_every_path(peers: list[socket.socket]) -> None:
+    conn, _svc, _stack = make_conn(owner=False)
+    port0 = kernel_port(0)
+    conn.accept(connect_from(port0, peers), port0)
+    p0 = conn.paths[0]
+    p0._feed(PROBE_7X)
+    lane = conn.paths[2]
+    lane.engine.queue(1, 2, b"x")
+    lane.engine.queue(1, 2, b"y")
+    assert lane.engine.next_tx_seq == 3
+    again = (
+        RDSHeader(sequence=2, sport=1, dport=0).encode()[:32] + PROBE_7X[32:39] + bytes([78]) + PROBE_7X[40:]
+    )
+    p0._feed(again)
+    assert lane.engine.next_tx_seq == 1 and p0.engine.next_rx_seq == 0
+
+
+def test_dialer_source_ports_name_the_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyrds dials path i from a port with low byte 0xA8 | i (port % 8 == i, what a 7.x acceptor pairs by);
+    when no tagged port is free it takes any port of the local range with that residue, like 7.x."""
+    for index in range(8):
+        with socket.socket() as s:
+            tcp_transport.bind_path_port(s, "127.0.0.1", index)
+            port = s.getsockname()[1]
+            assert port & 0xFF == PORT_TAG | index and port % 8 == index
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        taken = busy.getsockname()[1]
+        monkeypatch.setattr(tcp_transport, "dial_port", lambda _r, _i: taken)  # every tagged try collides
+        for index in (0, 5):
+            with socket.socket() as s:
+                tcp_transport.bind_path_port(s, "127.0.0.1", index)
+                port = s.getsockname()[1]
+                assert port % 8 == index and port != taken
+
+
+def test_so_rds_transport_ib_outside_the_initial_netns_is_eprototype() -> None:
+    """7.3 rds_set_transport: IB/IWARP only in the initial network namespace (EPROTOTYPE elsewhere); the
+    range check comes first; TCP is fine anywhere; unset reads -1."""
+    for initial, want in ((False, errno.EPROTOTYPE), (True, errno.ENOPROTOOPT)):
+        stack = Stack(StackConfig(initial_netns=initial))
+        for t in (0, 1):
+            rs = stack.open()
+            with pytest.raises(StackError) as ei:
+                setsockopt(stack, rs, SOL_RDS, SockOpt.SO_RDS_TRANSPORT, t)
+            assert ei.value.code == want
+            assert getsockopt(stack, rs, SOL_RDS, SockOpt.SO_RDS_TRANSPORT, 0) == -1
+        rs = stack.open()
+        with pytest.raises(StackError) as ei:
+            setsockopt(stack, rs, SOL_RDS, SockOpt.SO_RDS_TRANSPORT, 3)
+        assert ei.value.code == errno.EINVAL
+        setsockopt(stack, rs, SOL_RDS, SockOpt.SO_RDS_TRANSPORT, 2)
+        assert getsockopt(stack, rs, SOL_RDS, SockOpt.SO_RDS_TRANSPORT, 0) == 2
+
+
+_NETNS_SCRIPT = """
+import errno, pyrds
+from pyrds.constants import SOL_RDS, SockOpt, Transport
+from pyrds.userspace.config import in_initial_netns
+s = pyrds.socket("userspace")
+assert s.getsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT) == -1
+for t in (Transport.IB, Transport.IWARP):
+    try:
+        s.setsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT, t)
+    except OSError as exc:
+        assert exc.errno == errno.EPROTOTYPE, exc
+    else:
+        raise AssertionError("accepted")
+s.setsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT, Transport.TCP)
+print("ok", in_initial_netns(), flush=True)
+"""
+
+
+def test_so_rds_transport_in_a_network_namespace() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    netns = pytest.importorskip("pyrds.netns")
+    from pyrds.userspace.config import in_initial_netns
+
+    assert in_initial_netns()
+    name = netns.unique_name("rdsT")
+    netns.create_netns(name)
+    try:
+        proc = netns.popen_in_netns(
+            name,
+            [sys.executable, "-c", _NETNS_SCRIPT],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert out.split() == ["ok", "False"]
+    finally:
+        for pid in netns.netns_pids(name):
+            try:
+                os.kill(pid, 15)
+            except ProcessLookupError:
+                pass
+        netns.delete_netns(name)
+
+
+def test_messages_of_the_7x_probe_are_not_delivered() -> None:
+    """The probe and its pong are handshake, not data (regression guard for the extra extensions)."""
+    b = PathEngine(LARGE, SMALL)
+    b.connection_made(0.0)
+    ev = b.feed(PROBE_7X, 1.0)
+    assert not [e for e in ev if isinstance(e, MessageReceived)]
+    assert [e.npaths for e in ev if isinstance(e, NpathsNegotiated)] == [8]
+    a = PathEngine(SMALL, LARGE)
+    a.connection_made(0.0)
+    a.bytes_to_send()
+    b.bytes_to_send()
+    a.send_probe()
+    b.feed(a.bytes_to_send(), 2.0)
+    assert PongReceived(1) in a.feed(b.bytes_to_send(), 3.0)
