@@ -8,12 +8,13 @@ delivered), deliver each path's messages once and in order, and answer with NPAT
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
+
+from tests.unit.userspace.fakes import veth_namespaces
 
 pytestmark = pytest.mark.netns
 
@@ -149,23 +150,8 @@ print("ok", stack_counters(s)["recv_drop_old_seq"], flush=True)
 
 @pytest.fixture
 def netns_pair() -> Iterator[tuple[str, str]]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    netns = pytest.importorskip("pyrds.netns")
-    a, b = netns.unique_name("rds7A"), netns.unique_name("rds7B")
-    netns.create_netns(a)
-    netns.create_netns(b)
-    try:
-        netns.create_veth(a, b, "va", "vb", addrs_a=["10.77.0.1/24"], addrs_b=["10.77.0.9/24"])
-        yield a, b
-    finally:
-        for ns in (a, b):
-            for pid in netns.netns_pids(ns):
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-            netns.delete_netns(ns)
+    with veth_namespaces("rds7", ["10.77.0.1/24"], ["10.77.0.9/24"]) as pair:
+        yield pair
 
 
 def test_7x_kernel_dialer_paths_pair_by_source_port(netns_pair: tuple[str, str]) -> None:

@@ -4,7 +4,6 @@ across a forced reconnect, and a garbage peer dropped and counted while the real
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from pyrds.netns import popen_in_netns
+from tests.unit.userspace.fakes import veth_namespaces
 
 pytestmark = pytest.mark.netns
 
@@ -57,26 +57,8 @@ print("sent", c["conn_reset"], flush=True)
 
 @pytest.fixture
 def netns_pair() -> Iterator[tuple[str, str]]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    netns = pytest.importorskip("pyrds.netns")
-    a, b = netns.unique_name("rdsA"), netns.unique_name("rdsB")
-    netns.create_netns(a)
-    netns.create_netns(b)
-    try:
-        netns.create_veth(
-            a, b, "va", "vb", addrs_a=["10.77.0.1/24", "10.77.0.5/24"], addrs_b=["10.77.0.9/24"]
-        )
-        yield a, b
-    finally:
-        for ns in (a, b):  # the stack services this test started in its namespaces
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-            netns.delete_netns(ns)
+    with veth_namespaces("rds", ["10.77.0.1/24", "10.77.0.5/24"], ["10.77.0.9/24"]) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import socket
 import struct
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,20 +16,9 @@ import pytest
 from pyrds.userspace.proto import CongestionMap, PathEngine
 from pyrds.userspace.sockstate import Incoming, Outgoing
 from pyrds.userspace.tcp_transport import R, TcpPath
+from tests.unit.userspace.fakes import FakeSvc
 
 LADDR, FADDR = ipaddress.ip_address("10.0.0.2"), ipaddress.ip_address("10.0.0.1")
-
-
-class FakeSvc:
-    def __init__(self) -> None:
-        self.timers: list[tuple[float, Callable[[], None]]] = []
-
-    def register(self, *_a: Any) -> None: ...
-    def modify(self, *_a: Any) -> None: ...
-    def unregister(self, *_a: Any) -> None: ...
-
-    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
-        self.timers.append((delay, fn))
 
 
 class FakeCong:

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,6 +34,7 @@ from pyrds.userspace.proto.pathset import PORT_TAG, is_tagged
 from pyrds.userspace.sockopts import getsockopt, setsockopt
 from pyrds.userspace.sockstate import Outgoing
 from pyrds.userspace.stack import Stack, StackError
+from tests.unit.userspace.fakes import FakeSvc
 
 SMALL, LARGE = ipaddress.ip_address("10.0.0.1"), ipaddress.ip_address("10.0.0.2")
 # 7.x rds_send_probe on the wire: NPATHS 8, GEN_NUM 77, SPORT_IDX
@@ -41,24 +42,6 @@ PROBE_7X = RDSHeader(sequence=1, sport=1, dport=0).encode()[:32] + bytes(
     [5, 0, 8, 6, 0, 0, 0, 77, 8, 0]
 ).ljust(16, b"\0")
 PROBE_61 = RDSHeader(sequence=1, sport=1, dport=0, exthdr=(ExtHeader.npaths(8),)).encode()
-
-
-class FakeSvc:
-    def __init__(self) -> None:
-        self.timers: list[tuple[float, Callable[[], None]]] = []
-
-    def register(self, *_a: Any) -> None: ...
-    def modify(self, *_a: Any) -> None: ...
-    def unregister(self, *_a: Any) -> None: ...
-
-    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
-        self.timers.append((delay, fn))
-
-    def run_timers(self, max_delay: float = 0.05) -> None:
-        due = [t for t in self.timers if t[0] <= max_delay]
-        self.timers = [t for t in self.timers if t[0] > max_delay]
-        for _, fn in due:
-            fn()
 
 
 @pytest.fixture

@@ -1,0 +1,53 @@
+"""Shared pieces of the userspace transport tests: a fake event loop and two namespaces joined by a veth."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+
+class FakeSvc:
+    """The service's event loop as a transport sees it: registrations are ignored, timers are collected and
+    run on demand (:meth:`run_timers`)."""
+
+    def __init__(self) -> None:
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+
+    def register(self, *_a: Any) -> None: ...
+    def modify(self, *_a: Any) -> None: ...
+    def unregister(self, *_a: Any) -> None: ...
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        self.timers.append((delay, fn))
+
+    def run_timers(self, max_delay: float = 0.05) -> None:
+        due = [t for t in self.timers if t[0] <= max_delay]
+        self.timers = [t for t in self.timers if t[0] > max_delay]
+        for _, fn in due:
+            fn()
+
+
+@contextlib.contextmanager
+def veth_namespaces(prefix: str, addrs_a: list[str], addrs_b: list[str]) -> Iterator[tuple[str, str]]:
+    """Two fresh namespaces joined by veth ``va``/``vb`` with these addresses (skips without root). At exit
+    the processes the test left in them (stack services) get SIGTERM and both namespaces are deleted."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    netns = pytest.importorskip("pyrds.netns")
+    a, b = netns.unique_name(prefix + "A"), netns.unique_name(prefix + "B")
+    netns.create_netns(a)
+    netns.create_netns(b)
+    try:
+        netns.create_veth(a, b, "va", "vb", addrs_a=addrs_a, addrs_b=addrs_b)
+        yield a, b
+    finally:
+        for ns in (a, b):
+            for pid in netns.netns_pids(ns):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            netns.delete_netns(ns)
