@@ -70,12 +70,6 @@ def record_path(alias: str) -> str:
     return os.path.join(kernels_dir(), f"{alias}.json")
 
 
-def short_alias(release: str) -> str:
-    """``6.1.0-56-amd64`` -> ``6.1``, ``7.3.4+deb13-amd64`` -> ``7.3``; other strings unchanged."""
-    m = re.match(r"^(\d+)\.(\d+)", release)
-    return f"{m.group(1)}.{m.group(2)}" if m else release
-
-
 def image_package_re(alias: str) -> re.Pattern[str]:
     """Image packages of one kernel line: ``linux-image-6.12.117+deb13-amd64`` (not -dbg, -unsigned, rt)."""
     return re.compile(r"^linux-image-" + re.escape(alias) + r"\.(\d+)\+deb\d+-amd64$")

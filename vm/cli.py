@@ -9,6 +9,7 @@ import shlex
 import shutil
 import sys
 
+from pyrds.testing.kernelinfo import short_alias
 from vm import accel as accel_mod
 from vm import catalog, guestpy
 from vm.kernel import GuestKernel, KernelNotFound, find_kernel
@@ -124,8 +125,7 @@ def _report(res: RunResult, keep: bool, label: str = "") -> None:
     up = f"{res.guest_uptime_s:.1f} s" if res.guest_uptime_s is not None else "n/a"
     print(
         f"[vm]{label} boot to CMD {boot} (guest uptime {up}); total wall {res.wall_s:.1f} s; "
-        f"exit status {res.rc}"
-        + (f"; results kept in {res.results_dir}" if keep else ""),
+        f"exit status {res.rc}" + (f"; results kept in {res.results_dir}" if keep else ""),
         file=sys.stderr,
     )
 
@@ -141,7 +141,7 @@ def _matrix(args: argparse.Namespace) -> int:
     summary: list[dict[str, object]] = []
     rc = 0
     for label, kernel in kernels:
-        alias = catalog.short_alias(kernel.release) if label not in catalog.ALIASES else label
+        alias = short_alias(kernel.release) if label not in catalog.ALIASES else label
         out = os.path.join(args.out, alias)
         shutil.rmtree(out, ignore_errors=True)
         res = run(_config(args, kernel, out))

@@ -46,6 +46,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyrds.testing.kernelinfo import short_alias
+
 SCHEMA = 2
 #: backends in column order (within one kernel)
 BACKENDS = ["kernel", "userspace", "mixed:kernel-userspace", "mixed:userspace-kernel", "differential"]
@@ -93,12 +95,6 @@ class BadInput(Exception):
 
 
 # ------------------------------------------------------------------------------------------------ kernels
-
-
-def short_alias(release: str) -> str:
-    """``6.1.0-56-amd64`` -> ``6.1``, ``7.3.4+deb13-amd64`` -> ``7.3``; other strings unchanged."""
-    m = re.match(r"^(\d+)\.(\d+)", release)
-    return f"{m.group(1)}.{m.group(2)}" if m else release
 
 
 def kernel_key(alias: str) -> tuple[int, tuple[int, ...], str]:

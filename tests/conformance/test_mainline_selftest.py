@@ -12,7 +12,6 @@ receiver) pair on both ends proves exactly-once, in-order delivery; then every R
 from __future__ import annotations
 
 import errno
-import platform
 
 import pytest
 
@@ -48,7 +47,7 @@ def test_mainline_selftest(rds_two_nodes, rds_mainline_count, rds_observe):
         rb = nb.agent.wait(jb, 1900)
     except Exception as exc:
         if race and nodes.healthy():
-            _record_race(False, f"{type(exc).__name__}: {exc}")
+            RESET_STORM_RACE.record(False, f"{type(exc).__name__}: {exc}")
         raise
     finally:
         nodes.clear_netem()
@@ -66,7 +65,7 @@ def test_mainline_selftest(rds_two_nodes, rds_mainline_count, rds_observe):
     )
     print(seen)
     if race:
-        _record_race(exact, seen)
+        RESET_STORM_RACE.record(exact, seen)
     assert ra["recv_n"] == ra["expect"] and rb["recv_n"] == rb["expect"], seen
     assert ra["sent"][1] == rb["recv"][0], "A->B digest mismatch: loss, duplicate or reordering"
     assert rb["sent"][0] == ra["recv"][1], "B->A digest mismatch: loss, duplicate or reordering"
@@ -80,7 +79,3 @@ def test_mainline_selftest(rds_two_nodes, rds_mainline_count, rds_observe):
         assert not bad, bad
     rds_observe("exactly_once", True)
 
-
-def _record_race(exact: bool, what: str) -> None:
-    print(f"{RESET_STORM_RACE.name} on {platform.release()}: {'exact' if exact else 'NOT exact'}: {what}")
-    pytest.xfail(f"{RESET_STORM_RACE.name} (kernel < 7.0): {RESET_STORM_RACE.reason}")

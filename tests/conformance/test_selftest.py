@@ -11,7 +11,6 @@ proves exactly-once, in-order delivery. Finally every RDS_INFO table is read.
 from __future__ import annotations
 
 import errno
-import platform
 import time
 
 import pytest
@@ -41,13 +40,6 @@ ACCEPTOR_RACE = KernelRace(
     "acceptor-path-race",
     "pre-7.0 acceptor: a reset racing the owner's ordered multipath dials can cross paths",
 )
-
-
-def _record_race(race: KernelRace, exact: bool, what: str) -> None:
-    """A known race of this kernel: one fixed outcome (xfail, fixed reason) whatever this run saw, so the
-    report does not flip; what arrived goes to the test's log."""
-    print(f"{race.name} on {platform.release()}: {'exact' if exact else 'NOT exact'}: {what}")
-    pytest.xfail(f"{race.name} (kernel < {race.fixed_in[0]}.{race.fixed_in[1]}): {race.reason}")
 
 
 @pytest.mark.slow
@@ -81,7 +73,7 @@ def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, im
         rb = nb.agent.wait(jb, timeout + 15)
     except Exception as exc:
         if (netem_race or acceptor_race) and nodes.healthy():
-            _record_race(NETEM_RACE if netem_race else ACCEPTOR_RACE, False, f"{type(exc).__name__}: {exc}")
+            (NETEM_RACE if netem_race else ACCEPTOR_RACE).record(False, f"{type(exc).__name__}: {exc}")
         raise
     nodes.clear_netem()
     ka, kb = ra["me"], rb["me"]
@@ -93,7 +85,7 @@ def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, im
     )
     seen = f"received A {ra['recv_n']} / B {rb['recv_n']} of {count}"
     if netem_race or acceptor_race:
-        _record_race(NETEM_RACE if netem_race else ACCEPTOR_RACE, exact, seen)
+        (NETEM_RACE if netem_race else ACCEPTOR_RACE).record(exact, seen)
     assert ra["recv_n"] == {kb: count} and rb["recv_n"] == {ka: count}
     assert ra["sent"][kb] == rb["recv"][ka], "A->B digest mismatch: loss, duplicate or reordering"
     assert rb["sent"][ka] == ra["recv"][kb], "B->A digest mismatch: loss, duplicate or reordering"

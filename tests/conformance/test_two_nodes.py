@@ -13,14 +13,10 @@ from pyrds.cmsg import ZcopyCompletion, parse_ancdata
 from pyrds.constants import SOL_RDS, InfoConnectionFlag, InfoType, SockOpt, Transport
 from pyrds.info import counters_dict
 from pyrds.testing.helpers import drain_nonblocking, sockaddr_in, wait_for, wait_readable
-from pyrds.testing.kernelinfo import KernelRace
+from pyrds.testing.kernelinfo import before_fix_series
 
 MSG_ZEROCOPY = 0x4000000
 SO_ZEROCOPY = 60
-
-
-# kernels before 7.0 dial their paths from random source ports (no RDS_EXTHDR_SPORT_IDX)
-ACCEPTOR_RACE_FREE = KernelRace("unnamed-paths", "pre-7.0 dialers do not name their paths")
 
 
 def _pair(nodes, v6=False):
@@ -109,7 +105,7 @@ def test_multipath_npaths(rds_two_nodes, rds_observe):
     na, nb = rds_two_nodes.a, rds_two_nodes.b
     # a pre-7.0 kernel dialer sends no RDS_EXTHDR_SPORT_IDX: the userspace acceptor answers it NPATHS=1;
     # a 7.x dialer names its paths in the source port and gets 8
-    old_dialer = (na.backend, nb.backend) == ("kernel", "userspace") and ACCEPTOR_RACE_FREE.present()
+    old_dialer = (na.backend, nb.backend) == ("kernel", "userspace") and before_fix_series()
     want = 1 if old_dialer else 8
     # a socket that hashes to a path other than 0 triggers the probe on a kernel dialer
     a.sendto(b"hs", b.getsockname())

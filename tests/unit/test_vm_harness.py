@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pyrds.testing.kernelinfo import short_alias
+from pyrds.testing.report import MATRIX_KERNELS
 from vm import catalog, cli, guest, runner
 from vm import kernel as kernel_mod
 from vm.kernel import GuestKernel, KernelNotFound, find_kernel
@@ -121,12 +123,13 @@ def test_catalog_lookups() -> None:
     ]
     assert catalog.newest_image(names, "7.3") == "linux-image-7.3.10+deb13-amd64"
     assert catalog.newest_image(names, "6.12") is None
-    assert catalog.short_alias("6.1.0-56-amd64") == "6.1"
-    assert catalog.short_alias("6.12.117+deb13-amd64") == "6.12"
-    assert catalog.short_alias("7.3.4+deb13-amd64") == "7.3"
+    assert short_alias("6.1.0-56-amd64") == "6.1"
+    assert short_alias("6.12.117+deb13-amd64") == "6.12"
+    assert short_alias("7.3.4+deb13-amd64") == "7.3"
     src = catalog.sources_list(("trixie", "trixie-security"))
     assert "debian trixie main" in src and "debian-security trixie-security main" in src
     assert catalog.ALIASES == ("6.1", "6.12", "7.3")
+    assert catalog.ALIASES == MATRIX_KERNELS  # the report's copy (pyrds must not import vm/)
 
 
 def test_matrix_checks_every_kernel_before_booting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
