@@ -30,6 +30,29 @@ def addr_key(addr: Any) -> str:
     return f"{addr[0]}:{addr[1]}"
 
 
+class Watchdog:
+    """Ends a transfer that outlasts ``timeout`` seconds or, with ``stall``, makes no progress for ``stall``
+    seconds (a stalled transfer, told apart from a slow one on a busy machine)."""
+
+    def __init__(self, timeout: float, stall: float | None) -> None:
+        now = time.monotonic()
+        self.timeout, self.stall = timeout, stall
+        self.deadline, self.last = now + timeout, now
+        self.mark: object = None
+
+    def why_stop(self, progress: object) -> str | None:
+        """None while the transfer may go on (``progress``: anything that changes when it moves), else why
+        it must end."""
+        now = time.monotonic()
+        if progress != self.mark:
+            self.mark, self.last = progress, now
+        elif self.stall is not None and now - self.last > self.stall:
+            return f"stalled: nothing for {self.stall:g}s"
+        if now > self.deadline:
+            return f"not done after {self.timeout:g}s"
+        return None
+
+
 def payload_for(seed: int, src: str, dst: str, i: int, max_size: int) -> bytes:
     rng = random.Random(f"{seed}/{src}/{dst}/{i}")
     size = rng.randrange(0, max_size + 1)
@@ -65,18 +88,11 @@ def exchange(
     retries = 0
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN | select.POLLOUT)
-    deadline = time.monotonic() + timeout
-    last_progress, progress_mark = time.monotonic(), (0, 0)
+    watchdog = Watchdog(timeout, stall)
     while idx < len(order) or got < expected:
-        now = time.monotonic()
-        if now > deadline:
-            raise TimeoutError(f"{me}: sent {idx}/{len(order)}, received {got}/{expected} after {timeout}s")
-        if (idx, got) != progress_mark:
-            last_progress, progress_mark = now, (idx, got)
-        elif stall is not None and now - last_progress > stall:
-            raise TimeoutError(
-                f"{me}: stalled: sent {idx}/{len(order)}, received {got}/{expected}, nothing for {stall:g}s"
-            )
+        why = watchdog.why_stop((idx, got))
+        if why:
+            raise TimeoutError(f"{me}: {why}: sent {idx}/{len(order)}, received {got}/{expected}")
         if idx >= len(order):
             poller.modify(sock.fileno(), select.POLLIN)
         poller.poll(50)
@@ -250,15 +266,12 @@ def mainline_selftest(
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     idx = resets = 0
-    start = last = time.monotonic()
-    mark = (0, 0)
+    watchdog = Watchdog(timeout, stall)
     while idx < len(mine) or any(recv_n[s] < expect[s] for s in (0, 1)):
-        now = time.monotonic()
-        if (idx, sum(recv_n.values())) != mark:
-            mark, last = (idx, sum(recv_n.values())), now
-        elif now - last > stall or now - start > timeout:
+        why = watchdog.why_stop((idx, sum(recv_n.values())))
+        if why:
             raise TimeoutError(
-                f"node {me}: stalled: sent {idx}/{len(mine)}, received {recv_n} of {expect}, "
+                f"node {me}: {why}: sent {idx}/{len(mine)}, received {recv_n} of {expect}, "
                 f"{resets} sysctl rewrites"
             )
         burst = 0
