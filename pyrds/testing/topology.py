@@ -244,6 +244,28 @@ class TwoNodes:
             raise AssertionError("the first message A->B did not arrive intact")
         return a, b
 
+    def dump_state(self, socks: Sequence[RemoteSocket]) -> None:
+        """Print what each node's RDS/TCP looks like (``ss -tni``, RDS_INFO connections, TCP sockets, non-zero
+        counters, send/retransmit queue lengths) to the test's log: called when a transfer stalled, so the
+        log says where it stopped. ``socks``: one socket per node, A's first. Never raises."""
+        from pyrds.constants import InfoType
+        from pyrds.info import counters_dict
+
+        for node, sock in zip(self.nodes, socks, strict=False):
+            print(f"--- node {node.backend} {node.addr4}")
+            try:
+                print(node.sh("ss", "-tni", check=False).stdout)
+                for t in (InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS_INFO_TCP_SOCKETS):
+                    for rec in sock.get_info(t):
+                        print(f"  {t.name}: {rec}")
+                counters = counters_dict(sock.get_info(InfoType.RDS_INFO_COUNTERS))
+                print("  counters:", {k: v for k, v in counters.items() if v})
+                queued = len(sock.get_info(InfoType.RDS_INFO_SEND_MESSAGES))
+                retrans = len(sock.get_info(InfoType.RDS_INFO_RETRANS_MESSAGES))
+                print(f"  send queue {queued}, retransmit queue {retrans}")
+            except Exception as exc:  # a diagnostic must not replace the test's own error
+                print(f"  (state not readable: {type(exc).__name__}: {exc})")
+
     def healthy(self) -> bool:
         """False once an agent's request stream was interrupted (a test timeout) or its process died."""
         return all(n.agent.broken is None and n.agent.proc.poll() is None for n in self.nodes)

@@ -72,6 +72,7 @@ def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, im
         ra = na.agent.wait(ja, timeout + 15)
         rb = nb.agent.wait(jb, timeout + 15)
     except Exception as exc:
+        nodes.dump_state([a, b])
         if (netem_race or acceptor_race) and nodes.healthy():
             (NETEM_RACE if netem_race else ACCEPTOR_RACE).record(False, f"{type(exc).__name__}: {exc}")
         raise
