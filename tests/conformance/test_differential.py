@@ -98,16 +98,14 @@ class Side:
         return (host, FIXED_BASE + 500 + slot) if ":" not in host else (host, FIXED_BASE + 500 + slot, 0, 0)
 
     def remember(self, slot: int) -> None:
+        """After a bind to port 0: the port the backend chose stands for the slot from now on. (Which port was
+        asked for decides, not the port's value: a kernel's random autobind port can fall anywhere, inside
+        this run's fixed range too, seen once in CI, 2026-11-23.)"""
         try:
             name = self.socks[slot].getsockname()
         except OSError:
             return
-        if (
-            isinstance(name, tuple)
-            and len(name) >= 2
-            and name[1]
-            and not FIXED_BASE <= name[1] < FIXED_BASE + 600
-        ):
+        if isinstance(name, tuple) and len(name) >= 2 and name[1]:
             self.ports[name[1]] = f"slot{slot}"
 
     def close_all(self) -> None:
@@ -163,8 +161,9 @@ class Differential(RuleBasedStateMachine):
         p = {"auto": 0, "fixed": FIXED_BASE + slot % 2, "1": 1}[port]
         addr = (host, p) if ":" not in host else (host, p, 0, 0)
         self.both(f"bind {slot} {addr}", lambda side: _outcome(side.socks[slot].bind, addr))
-        for side in self.sides:
-            side.remember(slot)
+        if port == "auto":
+            for side in self.sides:
+                side.remember(slot)
 
     @rule(slot=st.integers(0, SLOTS - 1), dst=st.integers(0, SLOTS - 1), host=st.sampled_from(HOSTS[:3]))
     def connect(self, slot: int, dst: int, host: str) -> None:
