@@ -1,0 +1,56 @@
+"""``python -m pyrds.testing.timings``: where the main job's time goes, from vm matrix output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pyrds.testing import timings
+
+JUNIT = """<?xml version="1.0"?>
+<testsuites><testsuite name="pytest">
+<testcase classname="tests.conformance.test_cli_two_nodes" name="test_cli[kernel-kernel]" time="60.5"/>
+<testcase classname="tests.conformance.test_cli_two_nodes" name="test_cli[userspace-userspace]" time="40.0"/>
+<testcase classname="tests.conformance.test_sendrecv" name="test_ordering[kernel]" time="0.5"/>
+</testsuite></testsuites>
+"""
+
+
+def _matrix(tmp_path: Path) -> Path:
+    m = tmp_path / "guest"
+    (m / "7.3").mkdir(parents=True)
+    (m / "7.3" / "junit.xml").write_text(JUNIT)
+    (m / "6.1").mkdir()  # a kernel whose run left no JUnit
+    doc = {
+        "kernels": [
+            {"alias": "6.1", "release": "6.1.0-56-amd64", "boot_s": 21.0, "wall_s": None},
+            {"alias": "7.3", "release": "7.3.4+deb13-amd64", "boot_s": 20.0, "wall_s": 120.0},
+        ]
+    }
+    (m / "matrix.json").write_text(json.dumps(doc))
+    return m
+
+
+def test_sums_and_ranks_per_kernel(tmp_path: Path) -> None:
+    kernels = timings.read_matrix(_matrix(tmp_path))
+    assert [k.alias for k in kernels] == ["6.1", "7.3"]
+    k73 = kernels[1]
+    assert k73.tests_s == 101.0 and len(k73.cases) == 3
+    assert {c.scenario for c in k73.cases} == {"test_cli_two_nodes::test_cli", "test_sendrecv::test_ordering"}
+    text = timings.render(kernels, workers=2)
+    # wall 120 - boot 20 - 101/2 = 49.5 s outside tests; 6.1 has no wall figure
+    assert "| 7.3 | 7.3.4+deb13-amd64 | 20.0 | 120.0 | 3 | 101.0 | 50.5 | 49.5 |" in text
+    assert "| 6.1 | 6.1.0-56-amd64 | 21.0 | - | 0 | 0.0 | 0.0 | - |" in text
+    # scenarios ranked by total time; the one under a second is left out
+    assert "| `test_cli_two_nodes::test_cli` | 0.0 | 100.5 |" in text
+    assert "test_sendrecv::test_ordering`" not in text.split("## Slowest")[0]
+    slow = text.split("## Slowest test cases on 7.3")[1].strip().splitlines()
+    assert slow[0].endswith("`test_cli_two_nodes::test_cli[kernel-kernel]`")
+
+
+def test_cli_writes_file_and_refuses_missing_matrix(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    assert timings.main(["--matrix", str(_matrix(tmp_path)), "--out", str(out)]) == 0
+    assert (out / "conformance-timings.md").read_text().startswith("# Conformance timings")
+    assert timings.main(["--matrix", str(tmp_path / "nothing"), "--out", str(out)]) == 1
+    assert "matrix.json not found" in capsys.readouterr().err
