@@ -13,6 +13,11 @@ veth,
 - ``rds_observe(key, value)``: record an observable for the report's divergence check.
 - ``rds_message_count``: ``--rds-messages`` (default 2000; the kernel selftest uses 50000).
 
+Hang guard: ``--rds-timeout`` (``$PYRDS_TEST_TIMEOUT``, default 900 s) fails a test with
+:class:`RdsTestTimeout` (SIGALRM, main thread only) **only** when the test uses one of the fixtures above or
+is marked ``@pytest.mark.rds_timeout`` (``rds_timeout(seconds)`` sets its own limit) or ``rds_differential``.
+Every other test of a project that merely has pyrds installed is never timed by this plugin.
+
 Every test item gets ``user_properties`` ``rds_scenario`` / ``rds_backend`` (kernel, userspace,
 mixed:A-B) that
 end up in the JUnit XML; ``--rds-results FILE`` also writes them, with outcomes, as JSON for
@@ -105,7 +110,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--rds-timeout",
         type=float,
         default=float(os.environ.get("PYRDS_TEST_TIMEOUT", "900")),
-        help="fail a test running longer than this many seconds (SIGALRM; default 900)",
+        help="fail a test that uses the pyrds fixtures or the rds_timeout marker when it runs longer "
+        "than this many seconds (SIGALRM; default 900, 0 = off); other tests are never timed by pyrds",
     )
 
 
@@ -113,6 +119,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "rds_scenario(name): override the scenario name used in the report")
     config.addinivalue_line(
         "markers", "rds_differential: runs both backends at once (report column 'differential')"
+    )
+    config.addinivalue_line(
+        "markers",
+        "rds_timeout(seconds=None): arm pyrds' hang guard (--rds-timeout, or the given seconds) for this "
+        "test; tests that use the pyrds fixtures have it anyway, other tests never",
     )
     config._pyrds_results = {}  # type: ignore[attr-defined]
 
@@ -171,14 +182,49 @@ class RdsTestTimeout(Exception):
     """A conformance test exceeded --rds-timeout (a hang is a failure, never a pass or a stuck run)."""
 
 
+# the fixtures this plugin defines: a test that uses any of them (directly or through another fixture) is a
+# pyrds test and gets the hang guard
+PLUGIN_FIXTURES = frozenset(
+    {
+        "rds_backend",
+        "rds_socket_factory",
+        "rds_pair",
+        "rds_two_nodes",
+        "_rds_topology",
+        "rds_observe",
+        "rds_message_count",
+        "rds_mainline_count",
+    }
+)
+
+
+def timeout_for(item: pytest.Item) -> float:
+    """Seconds after which the hang guard fails ``item``; 0 when the plugin leaves the test alone (it uses no
+    pyrds fixture and has neither the ``rds_timeout`` nor the ``rds_differential`` marker)."""
+    limit = float(item.config.getoption("--rds-timeout") or 0)
+    marker = item.get_closest_marker("rds_timeout")
+    if marker is not None:
+        seconds = marker.args[0] if marker.args else marker.kwargs.get("seconds")
+        if seconds is not None:
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+                raise TypeError(f"rds_timeout(seconds): a number >= 0, not {seconds!r}")
+            return float(seconds)
+        return limit
+    if item.get_closest_marker("rds_differential") is not None:
+        return limit
+    if PLUGIN_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return limit
+    return 0.0
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    limit: float = item.config.getoption("--rds-timeout")
+    limit = timeout_for(item)
     if not limit or threading.current_thread() is not threading.main_thread():
         return (yield)
 
     def on_alarm(signum: int, frame: Any) -> None:
-        raise RdsTestTimeout(f"{item.nodeid} exceeded --rds-timeout={limit:g}s")
+        raise RdsTestTimeout(f"{item.nodeid} exceeded {limit:g} s (pyrds hang guard, --rds-timeout)")
 
     old = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, limit)
