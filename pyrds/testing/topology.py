@@ -244,6 +244,14 @@ class TwoNodes:
             raise AssertionError("the first message A->B did not arrive intact")
         return a, b
 
+    def report_other_job(self, node: Node, job: Any, timeout: float = 60.0) -> None:
+        """After one node's job failed, print how the other node's job ``job`` ended (its result or its own
+        error, e.g. its stall message with what it sent and received). Never raises."""
+        try:
+            print(f"{node.backend} {node.addr4}: {node.agent.wait(job, timeout)}")
+        except Exception as exc:  # the diagnostic must not replace the test's own error
+            print(f"{node.backend} {node.addr4}: {type(exc).__name__}: {exc}")
+
     def dump_state(self, socks: Sequence[RemoteSocket]) -> None:
         """Print what each node's RDS/TCP looks like (``ss -tni``, RDS_INFO connections, TCP sockets, non-zero
         counters, send/retransmit queue lengths) to the test's log: called when a transfer stalled, so the
@@ -262,7 +270,10 @@ class TwoNodes:
                 print("  counters:", {k: v for k, v in counters.items() if v})
                 queued = len(sock.get_info(InfoType.RDS_INFO_SEND_MESSAGES))
                 retrans = len(sock.get_info(InfoType.RDS_INFO_RETRANS_MESSAGES))
-                print(f"  send queue {queued}, retransmit queue {retrans}")
+                received = len(sock.get_info(InfoType.RDS_INFO_RECV_MESSAGES))
+                # an empty receive queue on the receiver while its sender keeps getting ENOBUFS: the sender's
+                # copy of the congestion map is stale (an uncongestion update lost or overtaken)
+                print(f"  send queue {queued}, retransmit queue {retrans}, receive queue {received}")
             except Exception as exc:  # a diagnostic must not replace the test's own error
                 print(f"  (state not readable: {type(exc).__name__}: {exc})")
 

@@ -86,13 +86,18 @@ def exchange(
     expected = count * len(peers)
     got = 0
     retries = 0
+    refusals: dict[int, int] = {}  # errno -> sends refused (told on a stall: congestion or a full queue)
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN | select.POLLOUT)
     watchdog = Watchdog(timeout, stall)
     while idx < len(order) or got < expected:
         why = watchdog.why_stop((idx, got))
         if why:
-            raise TimeoutError(f"{me}: {why}: sent {idx}/{len(order)}, received {got}/{expected}")
+            refused = ", ".join(f"{errno.errorcode.get(e, e)} x{n}" for e, n in sorted(refusals.items()))
+            raise TimeoutError(
+                f"{me}: {why}: sent {idx}/{len(order)}, received {got}/{expected}"
+                f"; sends refused: {refused or 'none'}"
+            )
         if idx >= len(order):
             poller.modify(sock.fileno(), select.POLLIN)
         poller.poll(50)
@@ -116,6 +121,7 @@ def exchange(
             except OSError as exc:
                 if exc.errno in RETRY_ERRNOS:
                     retries += 1
+                    refusals[exc.errno] = refusals.get(exc.errno, 0) + 1
                     if exc.errno == errno.ENOBUFS:
                         time.sleep(0.002)
                     break

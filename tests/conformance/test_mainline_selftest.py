@@ -46,6 +46,10 @@ def test_mainline_selftest(rds_two_nodes, rds_mainline_count, rds_observe):
         ra = na.agent.wait(ja, 1900)
         rb = nb.agent.wait(jb, 1900)
     except Exception as exc:
+        failed_b = "ra" in locals()  # A's job ended: B's failed
+        print(f"{'B' if failed_b else 'A'}: {type(exc).__name__}: {exc}")
+        if not failed_b:
+            nodes.report_other_job(nb, jb)
         nodes.dump_state([a, b])
         if race and nodes.healthy():
             RESET_STORM_RACE.record(False, f"{type(exc).__name__}: {exc}")
