@@ -8,12 +8,14 @@ backend (an RDS/TCP stack shared by the processes of a network namespace). Both 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import Literal
 
 from pyrds.api import RDSSocketBase
 from pyrds.constants import AF_RDS, SOL_RDS, CmsgType, InfoType, SockOpt, Transport
 
 __all__ = [
+    "__version__",
     "AF_RDS",
     "SOL_RDS",
     "CmsgType",
@@ -27,6 +29,19 @@ __all__ = [
 ]
 
 BackendChoice = Literal["auto", "kernel", "userspace"]
+
+DISTRIBUTION = "linux-rds"  # the PyPI name `pyrds` belongs to another project
+
+
+def _version() -> str:
+    """The installed distribution's version; a checkout used without installing says so."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__: str = _version()
 
 
 def kernel_available() -> bool:

@@ -130,8 +130,58 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
     return "\n".join([fmt(heads), *(fmt(r) for r in cells)])
 
 
+def userspace_stack_running() -> bool:
+    """True when this network namespace's userspace stack service accepts a control connection; never starts
+    one (``pyrds info`` reads, it does not create the stack it would report on)."""
+    from pyrds.userspace.client import connect_stack
+
+    try:
+        ctl = connect_stack(autostart=False)
+    except OSError:
+        return False
+    ctl.close()
+    return True
+
+
+NO_STACK = "no pyrds userspace stack runs in this network namespace"
+
+
+def idle_tables(letters: Sequence[str]) -> dict[str, Any]:
+    """What a namespace without a userspace stack has: no sockets, connections or queued messages, every
+    counter 0 (the counters live and die with the stack service)."""
+    try:
+        from pyrds.userspace.counters import INFO_NAMES
+
+        names: Sequence[str] = tuple(INFO_NAMES)
+    except ImportError:
+        names = ()
+    result: dict[str, Any] = {}
+    for letter in letters:
+        key = TABLES[letter][0]
+        if key == "counters":
+            result[key] = [{"name": n, "value": 0} for n in names]
+        elif key == "ib_connections":
+            result[key] = {"error": f"not available: {NO_STACK}"}
+        else:
+            result[key] = []
+    return result
+
+
+def resolve_backend(backend: str) -> str:
+    if backend != "auto":
+        return backend
+    import pyrds
+
+    return "kernel" if pyrds.kernel_available() else "userspace"
+
+
 def read_tables(backend: str, letters: Sequence[str], v6: bool) -> tuple[str, dict[str, Any]]:
-    """Read each requested table; a table the stack lacks (ENOPROTOOPT) becomes {"error": ...}."""
+    """Read each requested table; a table the stack lacks (ENOPROTOOPT) becomes {"error": ...}. On the
+    userspace backend with no stack service running, the tables of an idle stack, and a note on stderr."""
+    backend = resolve_backend(backend)
+    if backend == "userspace" and not userspace_stack_running():
+        print(f"pyrds info: {NO_STACK}: nothing is queued or connected", file=sys.stderr)
+        return backend, idle_tables(letters)
     sock = open_socket(backend)
     result: dict[str, Any] = {}
     try:

@@ -1,6 +1,8 @@
 """``pyrds`` command: subcommand dispatch and the one place where errors become exit codes.
 
-Exit codes: 0 success, 1 the operation failed (no reply, run error, OS error), 2 usage error.
+Exit codes: 0 success, 1 the operation failed (no reply, run error, OS error), 2 usage error. A usage error
+is one line on stderr naming the subcommand (``pyrds info: unrecognized arguments: -x``), not a usage dump.
+Also run as ``python -m pyrds``.
 """
 
 from __future__ import annotations
@@ -8,14 +10,32 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn, cast
 
 from pyrds.cli import info, ping, stress
 from pyrds.cli.common import UserError, describe_oserror
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with usage errors as one line: ``pyrds info: unrecognized arguments: -x (see pyrds info -h)``.
+    Subparsers are of this class too (add_subparsers uses the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} -h)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pyrds", description="RDS tools on the kernel or userspace backend")
-    sub = parser.add_subparsers(dest="command", metavar="{ping,info,stress}")
+    import pyrds
+
+    parser = OneLineParser(prog="pyrds", description="RDS tools on the kernel or userspace backend")
+    parser.add_argument(
+        "-V", "--version", action="version", version=f"pyrds {pyrds.__version__} ({pyrds.DISTRIBUTION})"
+    )
+    # the subcommands' parsers are OneLineParsers too (add_subparsers uses the parent's class)
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", metavar="{ping,info,stress}"),
+    )
     sub.required = True
     ping.add_parser(sub)
     info.add_parser(sub)
@@ -26,8 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse already printed usage/help
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # reported by the subcommand that was given them, not by the top-level parser
+            command = getattr(args, "command", None)
+            owner = _subparsers(parser).get(command or "", parser)
+            owner.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exc:  # argparse already printed the help, the version or the error line
         return int(exc.code) if isinstance(exc.code, int) else 2
     try:
         code: int = args.func(args)
@@ -45,6 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, OverflowError) as exc:
         print(f"pyrds {args.command}: {exc}", file=sys.stderr)
         return 2
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 if __name__ == "__main__":

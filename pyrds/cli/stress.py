@@ -65,7 +65,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("-a", "--ack-size", type=size_arg, default=0, help="rr reply size in bytes (0)")
     p.add_argument("-d", "--depth", type=positive_int, default=1, help="outstanding requests per task (1)")
     p.add_argument("-t", "--tasks", type=positive_int, default=1, help="concurrent tasks (threads, 1)")
-    p.add_argument("-T", "--duration", type=positive_float, default=10.0, help="seconds to run (10)")
+    p.add_argument("-T", "--duration", type=duration_arg, default=10.0, help="seconds to run (> 0; 10)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--one-way", dest="mode", action="store_const", const="oneway", help="send only")
     mode.add_argument(
@@ -90,6 +90,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--no-rows", action="store_true", help="no per-second rows, summary only")
     add_backend_option(p)
     p.set_defaults(func=run, mode="rr")
+
+
+def duration_arg(text: str) -> float:
+    """-T: a run of 0 s measures nothing, so it is a usage error rather than an empty summary."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0: {text!r}")
+    return value
 
 
 @dataclass
@@ -367,6 +378,13 @@ def _active(args: argparse.Namespace, local: str, peer: str) -> int:
     rows_out = sys.stderr if args.json else sys.stdout
     reporter = Reporter(rows_out, args.size, not args.no_rows)
     cpu0, t0 = cpu_seconds(), time.monotonic()
+    # the summary's cpu % covers the same span as the per-second rows: from the start gate until the run
+    # is stopped (end of -T or Ctrl-C), not the drain and the end-of-run handshake after it
+    cpu_span: float | None = None
+
+    def run_cpu() -> float:
+        return (cpu_seconds() - cpu0) / max(time.monotonic() - t0, 1e-9) * 100.0
+
     try:
         for t in tasks:
             t.setup()
@@ -374,21 +392,24 @@ def _active(args: argparse.Namespace, local: str, peer: str) -> int:
         cpu0, t0 = cpu_seconds(), time.monotonic()
         gate.wait()
         _sample_loop(args, tasks, stop, reporter, t0, cpu0)
+        cpu_span = run_cpu()
         stop.set()
         for t in tasks:
             t.join(args.timeout * 4)
         elapsed = time.monotonic() - t0
-        cpu = (cpu_seconds() - cpu0) / max(elapsed, 1e-9) * 100.0
     except KeyboardInterrupt:
+        if cpu_span is None:
+            cpu_span = run_cpu()
         stop.set()
         for t in tasks:
             t.join(REPLY_TIMEOUT)
-        elapsed, cpu = time.monotonic() - t0, 0.0
+        elapsed = time.monotonic() - t0
     finally:
         reporter.close()
         for t in tasks:
             if t.sock is not None and not t.is_alive():
                 t.sock.close()
+    cpu = cpu_span if cpu_span is not None else 0.0
     summary = _summarize(args, tasks, local, peer, elapsed, cpu)
     if args.json:
         print(json.dumps(summary.as_dict()), flush=True)
@@ -444,6 +465,8 @@ def _summarize(
     else:
         confirmed = [t.stats.confirmed for t in tasks]
         messages = sum(c if c is not None else t.stats.sent for c, t in zip(confirmed, tasks, strict=True))
+    if messages == 0 and not errors:
+        errors.append(f"no message completed in {elapsed:.2f} s")
     rtts = sorted(r for t in tasks for r in t.stats.rtts)
     rtt = None
     if rtts:
