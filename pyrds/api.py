@@ -2,21 +2,56 @@
 
 The methods mirror the stdlib socket object for ``socket(AF_RDS, SOCK_SEQPACKET)`` and add the RDS specifics
 (info tables, TOS). Backends subclass :class:`RDSSocketBase`.
+
+Stdlib parity that needs nothing from a backend lives here, once: ``family``/``type``/``proto``,
+``recv_into``/``recvfrom_into``, ``getblocking``, ``dup``, a stdlib-like ``repr``. With them asyncio's
+``loop.sock_recv``/``sock_recv_into``/``sock_sendto``/``sock_recvfrom``/``sock_recvfrom_into`` and
+``add_reader``/``add_writer`` work on both backends (see :mod:`pyrds.aio` for awaitable calls and datagram
+endpoints). A backend may override any of them with a faster version (the kernel backend's own
+``recv_into`` reads straight into the caller's buffer).
 """
 
 from __future__ import annotations
 
 import abc
+import builtins
 import errno
 import os
+import socket as _socket
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 from pyrds.addr import SockAddr
+from pyrds.constants import AF_RDS, InfoType
+
+if TYPE_CHECKING:
+    from pyrds import info as _info
 
 BackendName = Literal["kernel", "userspace"]
 AncData = list[tuple[int, int, bytes]]
+# what the stdlib accepts as data to send / a buffer to receive into (collections.abc.Buffer is 3.12+)
+ReadableBuffer = bytes | bytearray | memoryview
+WritableBuffer = bytearray | memoryview
+# RDS socket addresses as the stdlib spells AF_INET / AF_INET6 ones
+IPv4SockAddr = tuple[str, int]
+IPv6SockAddr = tuple[str, int, int, int]
+
+_COUNTERS = Literal[InfoType.RDS_INFO_COUNTERS]
+_CONNS = Literal[InfoType.RDS_INFO_CONNECTIONS]
+_CONNS6 = Literal[InfoType.RDS6_INFO_CONNECTIONS]
+_MSGS = Literal[
+    InfoType.RDS_INFO_SEND_MESSAGES, InfoType.RDS_INFO_RETRANS_MESSAGES, InfoType.RDS_INFO_RECV_MESSAGES
+]
+_MSGS6 = Literal[
+    InfoType.RDS6_INFO_SEND_MESSAGES, InfoType.RDS6_INFO_RETRANS_MESSAGES, InfoType.RDS6_INFO_RECV_MESSAGES
+]
+_SOCKS = Literal[InfoType.RDS_INFO_SOCKETS]
+_SOCKS6 = Literal[InfoType.RDS6_INFO_SOCKETS]
+_TCP = Literal[InfoType.RDS_INFO_TCP_SOCKETS]
+_TCP6 = Literal[InfoType.RDS6_INFO_TCP_SOCKETS]
+_RDMA = Literal[InfoType.RDS_INFO_IB_CONNECTIONS, InfoType.RDS_INFO_IWARP_CONNECTIONS]
+_RDMA6 = Literal[InfoType.RDS6_INFO_IB_CONNECTIONS]
 
 
 def os_error(code: int, detail: str | None = None) -> OSError:
@@ -31,6 +66,21 @@ class RDSSocketBase(abc.ABC):
     """An RDS socket (SOCK_SEQPACKET datagrams, reliable and ordered per peer)."""
 
     backend: BackendName
+
+    # -- what the stdlib socket object exposes as attributes
+    @property
+    def family(self) -> _socket.AddressFamily:
+        """``AF_RDS``, as ``socket.socket(AF_RDS, SOCK_SEQPACKET).family`` (both backends)."""
+        return _socket.AddressFamily(AF_RDS)
+
+    @property
+    def type(self) -> _socket.SocketKind:
+        """``SOCK_SEQPACKET``: RDS is the only socket type of AF_RDS."""
+        return _socket.SocketKind.SOCK_SEQPACKET
+
+    @property
+    def proto(self) -> int:
+        return 0
 
     # -- addressing
     @abc.abstractmethod
@@ -60,10 +110,17 @@ class RDSSocketBase(abc.ABC):
         self, bufsize: int, ancbufsize: int = 0, flags: int = 0
     ) -> tuple[bytes, AncData, int, Any]: ...
 
-    def send(self, data: bytes | bytearray | memoryview, flags: int = 0) -> int:
+    def send(self, data: ReadableBuffer, flags: int = 0) -> int:
         return self.sendmsg([data], (), flags, None)
 
-    def sendto(self, data: bytes | bytearray | memoryview, *args: Any) -> int:
+    @overload
+    def sendto(self, data: ReadableBuffer, address: SockAddr, /) -> int: ...
+
+    @overload
+    def sendto(self, data: ReadableBuffer, flags: int, address: SockAddr, /) -> int: ...
+
+    def sendto(self, data: ReadableBuffer, *args: Any) -> int:
+        """``sendto(data, address)`` or ``sendto(data, flags, address)``, like the stdlib."""
         if len(args) == 1:
             flags, address = 0, args[0]
         elif len(args) == 2:
@@ -77,9 +134,32 @@ class RDSSocketBase(abc.ABC):
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         return self.recvmsg(bufsize, 0, flags)[0]
 
-    def recvfrom(self, bufsize: int, flags: int = 0) -> tuple[bytes, Any]:
+    def recvfrom(self, bufsize: int, flags: int = 0) -> tuple[bytes, SockAddr]:
         data, _anc, _flags, addr = self.recvmsg(bufsize, 0, flags)
-        return data, addr
+        sender: SockAddr = addr
+        return data, sender
+
+    def recv_into(self, buffer: WritableBuffer, nbytes: int = 0, flags: int = 0) -> int:
+        """Receive one message into ``buffer`` (its first ``nbytes``, 0 = all of it); the number of bytes
+        stored. A longer message is truncated to the buffer, as with the stdlib on SOCK_SEQPACKET."""
+        return self.recvfrom_into(buffer, nbytes, flags)[0]
+
+    def recvfrom_into(self, buffer: WritableBuffer, nbytes: int = 0, flags: int = 0) -> tuple[int, SockAddr]:
+        """``recv_into`` that also returns the sender's address."""
+        view = _writable_view(buffer)
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool):
+            raise TypeError(f"'{type(nbytes).__name__}' object cannot be interpreted as an integer")
+        if nbytes < 0:
+            raise ValueError("negative buffersize in recvfrom_into")
+        if nbytes == 0:
+            nbytes = len(view)
+        elif nbytes > len(view):
+            raise ValueError("nbytes is greater than the length of the buffer")
+        data, _anc, _flags, addr = self.recvmsg(nbytes, 0, flags)
+        n = min(len(data), nbytes)
+        view[:n] = data[:n]
+        sender: SockAddr = addr
+        return n, sender
 
     # -- options
     @abc.abstractmethod
@@ -88,9 +168,36 @@ class RDSSocketBase(abc.ABC):
     @abc.abstractmethod
     def getsockopt(self, level: int, optname: int, buflen: int = 0) -> int | bytes: ...
 
+    @overload
+    def get_info(self, info_type: _COUNTERS) -> Sequence[_info.InfoCounter]: ...
+    @overload
+    def get_info(self, info_type: _CONNS) -> Sequence[_info.ConnectionInfo]: ...
+    @overload
+    def get_info(self, info_type: _CONNS6) -> Sequence[_info.Connection6Info]: ...
+    @overload
+    def get_info(self, info_type: _MSGS) -> Sequence[_info.MessageInfo]: ...
+    @overload
+    def get_info(self, info_type: _MSGS6) -> Sequence[_info.Message6Info]: ...
+    @overload
+    def get_info(self, info_type: _SOCKS) -> Sequence[_info.SocketInfo]: ...
+    @overload
+    def get_info(self, info_type: _SOCKS6) -> Sequence[_info.Socket6Info]: ...
+    @overload
+    def get_info(self, info_type: _TCP) -> Sequence[_info.TcpSocketInfo]: ...
+    @overload
+    def get_info(self, info_type: _TCP6) -> Sequence[_info.TcpSocket6Info]: ...
+    @overload
+    def get_info(self, info_type: _RDMA) -> Sequence[_info.RdmaConnectionInfo]: ...
+    @overload
+    def get_info(self, info_type: _RDMA6) -> Sequence[_info.RdmaConnection6Info]: ...
+    @overload
+    def get_info(self, info_type: int) -> Sequence[Any]: ...
+
     @abc.abstractmethod
     def get_info(self, info_type: int) -> Sequence[Any]:
-        """Read one RDS_INFO table as typed records (see :mod:`pyrds.info`)."""
+        """Read one RDS_INFO table as typed records (see :mod:`pyrds.info`); with an :class:`InfoType`
+        member the records have their precise type (``get_info(InfoType.RDS_INFO_COUNTERS)`` is a sequence
+        of :class:`pyrds.info.InfoCounter`)."""
 
     @abc.abstractmethod
     def set_tos(self, tos: int) -> None: ...
@@ -117,6 +224,49 @@ class RDSSocketBase(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    def dup(self) -> Self:
+        """A second socket object for the same RDS socket (a duplicated fd, the same timeout), like the
+        stdlib's ``dup``. Kernel backend only: a userspace socket is a control connection to its stack
+        service, so it raises EOPNOTSUPP there."""
+        if self.backend != "kernel":
+            raise os_error(errno.EOPNOTSUPP, f"dup() of a {self.backend} socket")
+        fd = self.fileno()
+        if fd < 0:
+            raise os_error(errno.EBADF)
+        new_fd = os.dup(fd)  # close-on-exec, like the stdlib's dup
+        try:
+            sock = type(self)(fileno=new_fd)  # type: ignore[call-arg]
+        except BaseException:
+            os.close(new_fd)
+            raise
+        sock.settimeout(self.gettimeout())
+        return sock
+
+    def detach(self) -> int:
+        """Give up the fd without closing it (the socket object is then closed). Kernel backend only; on the
+        userspace backend ``fileno()`` is a readiness fd, not the RDS socket, so this raises EOPNOTSUPP."""
+        raise os_error(errno.EOPNOTSUPP, f"detach() of a {self.backend} socket")
+
+    def __repr__(self) -> str:
+        """Like the stdlib's: ``<pyrds.userspace.client.RDSSocket fd=5, family=21, type=5, proto=0,
+        laddr=('127.0.0.1', 4000)>`` (``[closed]`` once closed), plus the backend."""
+        cls = type(self)
+        fd = self.fileno()
+        closed = fd < 0
+        text = f"<{cls.__module__}.{cls.__qualname__} fd={fd}, family={self.family}, type={self.type}, "
+        text += f"proto={self.proto}"
+        if closed:
+            text += ", [closed]"
+        else:
+            for key, get in (("laddr", self.getsockname), ("raddr", self.getpeername)):
+                try:
+                    addr = get()
+                except Exception:  # noqa: BLE001 - repr never raises (not connected, stack gone, ...)
+                    continue
+                if addr:
+                    text += f", {key}={addr}"
+        return text + f", backend={self.backend}>"
+
     # -- stdlib parity: unsupported calls fail like the kernel does
     def listen(self, backlog: int = 0) -> None:
         raise os_error(errno.EOPNOTSUPP)
@@ -127,10 +277,28 @@ class RDSSocketBase(abc.ABC):
     def shutdown(self, how: int) -> None:
         raise os_error(errno.EOPNOTSUPP)
 
-    def __enter__(self) -> RDSSocketBase:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: builtins.type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _writable_view(buffer: Any) -> memoryview:
+    """A writable byte view of ``buffer``, with the stdlib's TypeError for anything else."""
+    try:
+        view = memoryview(buffer)
+    except TypeError:
+        raise TypeError(
+            f"recv_into() argument 'buffer' must be read-write bytes-like object, not {type(buffer).__name__}"
+        ) from None
+    if view.readonly:
+        raise TypeError(
+            f"recv_into() argument 'buffer' must be read-write bytes-like object, not {type(buffer).__name__}"
+        )
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
