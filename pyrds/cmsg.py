@@ -15,12 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyrds import uapi
-from pyrds.constants import RDS_MAX_ZCOOKIES, SOL_RDS, CmsgType, RdmaStatus
+from pyrds.constants import (
+    RDS_MAX_ZCOOKIES,
+    SO_TIMESTAMP_NEW,
+    SO_TIMESTAMP_OLD,
+    SOL_RDS,
+    CmsgType,
+    RdmaStatus,
+)
 
 Cmsg = tuple[int, int, bytes]
-
-SO_TIMESTAMP_OLD = 29
-SO_TIMESTAMP_NEW = 63
 
 _U64 = (1 << 64) - 1
 

@@ -26,6 +26,18 @@ RDS_FLAG_PROBE_PORT = 1
 RDS_RECONNECT_MIN_DELAY_MS = 1  # sysctl net.rds.reconnect_min_delay_ms default
 RDS_RECONNECT_MAX_DELAY_MS = 1000  # sysctl net.rds.reconnect_max_delay_ms default
 
+# Linux socket constants RDS uses that Python's socket module lacks (asm-generic/socket.h, linux/socket.h)
+MSG_ZEROCOPY = 0x4000000
+SO_TIMESTAMP_OLD = 29
+SO_TIMESTAMP_NEW = 63
+SO_ZEROCOPY = 60
+SO_SNDBUFFORCE = 32
+SO_RCVBUFFORCE = 33
+
+#: SOL_RDS getsockopt of the pyrds userspace stack only (outside RDS_INFO_FIRST..LAST: the kernel says
+#: ENOPROTOOPT): every counter of the stack, as RDS_INFO_COUNTERS records, userspace-only ones included
+PYRDS_INFO_STACK_COUNTERS = 10900
+
 
 class SockOpt(enum.IntEnum):
     """``SOL_RDS`` socket options."""

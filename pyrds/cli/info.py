@@ -133,7 +133,7 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
 def userspace_stack_running() -> bool:
     """True when this network namespace's userspace stack service accepts a control connection; never starts
     one (``pyrds info`` reads, it does not create the stack it would report on)."""
-    from pyrds.userspace.client import connect_stack
+    from pyrds.userspace.client.autostart import connect_stack
 
     try:
         ctl = connect_stack(autostart=False)
@@ -150,7 +150,7 @@ def idle_tables(letters: Sequence[str]) -> dict[str, Any]:
     """What a namespace without a userspace stack has: no sockets, connections or queued messages, every
     counter 0 (the counters live and die with the stack service)."""
     try:
-        from pyrds.userspace.counters import INFO_NAMES
+        from pyrds.userspace.stack.counters import INFO_NAMES
 
         names: Sequence[str] = tuple(INFO_NAMES)
     except ImportError:

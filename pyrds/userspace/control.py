@@ -1,43 +1,8 @@
-"""Stack-wide control of this namespace's userspace stack, without an RDS socket: sysctl-like settings.
-
-``sysctl_get()`` / ``sysctl_set(name, value)`` mirror /proc/sys/net/rds (ping_enable, reconnect_min_delay_ms,
-reconnect_max_delay_ms, ...) and /proc/sys/net/rds/tcp (rds_tcp_sndbuf, rds_tcp_rcvbuf). ``force_reconnect()``
-is the equivalent of rewriting net.rds.tcp.rds_tcp_sndbuf: every RDS/TCP connection is dropped, the owners
-reconnect and retransmit what was not acked.
-"""
+"""Stack-wide control of this namespace's userspace stack (public): sysctl-like settings, forced reconnects
+and the stack's counters. The functions live in :mod:`pyrds.userspace.client.control`."""
 
 from __future__ import annotations
 
-import errno
-from typing import Any
+from pyrds.userspace.client.control import force_reconnect, stack_counters, sysctl_get, sysctl_set
 
-from pyrds.api import os_error
-from pyrds.userspace import rpc
-from pyrds.userspace.client import connect_stack
-
-
-def _call(op: int, args: Any) -> Any:
-    ctl = connect_stack()
-    try:
-        rpc.send_record(ctl, rpc.encode((int(op), args)))
-        raw, _fds = rpc.recv_record(ctl)
-    finally:
-        ctl.close()
-    code, result = rpc.decode(raw)
-    if code:
-        raise os_error(code if code != rpc.WAIT_CONG else errno.EAGAIN)
-    return result
-
-
-def sysctl_get() -> dict[str, int]:
-    values: dict[str, int] = _call(rpc.Op.SYSCTL_GET, ())
-    return values
-
-
-def sysctl_set(name: str, value: int) -> None:
-    """ENOENT for an unknown name."""
-    _call(rpc.Op.SYSCTL_SET, (str(name), int(value)))
-
-
-def force_reconnect() -> None:
-    sysctl_set("rds_tcp_sndbuf", sysctl_get()["rds_tcp_sndbuf"])
+__all__ = ["force_reconnect", "stack_counters", "sysctl_get", "sysctl_set"]

@@ -32,6 +32,7 @@ __all__ = [
     "jhash_1word",
     "negotiate_npaths",
     "path_for_port",
+    "send_path_index",
     "peer_gen_num",
     "peer_sport_idx",
     "probe_exthdrs",
@@ -118,7 +119,20 @@ def path_for_port(port: int, npaths: int, initval: int = 0) -> int:
     n = RDS_MPATH_WORKERS if npaths == 0 else npaths
     if n < 1 or n & (n - 1) or n > RDS_MPATH_WORKERS:
         raise ValueError(f"npaths {npaths} must be a power of two <= {RDS_MPATH_WORKERS}")
-    return jhash_1word(port, initval & _M32) & (n - 1)
+    return _mpath_hash(port, initval, n)
+
+
+def send_path_index(port: int, npaths: int, initval: int) -> int:
+    """The path a sender hashes to for a negotiated ``npaths`` (0: unknown yet, hash over
+    ``RDS_MPATH_WORKERS``): :func:`path_for_port`, except that a count that is not a power of two (which only
+    an unusual peer advertises) is reduced with ``%`` instead of being refused."""
+    return _mpath_hash(port, initval, npaths or RDS_MPATH_WORKERS)
+
+
+def _mpath_hash(port: int, initval: int, n: int) -> int:
+    """``RDS_MPATH_HASH``: the one path hash of the stack."""
+    h = jhash_1word(port, initval & _M32)
+    return h & (n - 1) if n & (n - 1) == 0 else h % n
 
 
 def _packed(addr: AddressLike) -> bytes:

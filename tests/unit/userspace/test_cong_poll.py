@@ -14,11 +14,12 @@ from pyrds.constants import SOL_RDS, InfoType, SockOpt, Transport
 from pyrds.info import counters_dict
 from pyrds.testing.helpers import ALL_EVENTS
 from pyrds.userspace import RDSSocket
-from pyrds.userspace.congestion import ALL_PORTS, CongestionTable
-from pyrds.userspace.counters import EXTRA_NAMES, new_counters, stack_counters
+from pyrds.userspace.control import stack_counters
 from pyrds.userspace.proto.cong import CongestionMap
-from pyrds.userspace.readiness import Readiness
-from pyrds.userspace.sockstate import SockState
+from pyrds.userspace.service.readiness import Readiness
+from pyrds.userspace.stack.congestion import ALL_PORTS, CongestionTable
+from pyrds.userspace.stack.counters import EXTRA_NAMES, new_counters
+from pyrds.userspace.stack.sockstate import SockState
 
 ALL = ALL_EVENTS
 OUT = select.POLLOUT | select.POLLWRNORM

@@ -12,10 +12,11 @@ import time
 import pytest
 
 from pyrds.constants import SOL_RDS, SockOpt, Transport
-from pyrds.userspace import client, rpc
+from pyrds.userspace import rpc
 from pyrds.userspace.client import RDSSocket
-from pyrds.userspace.service import _error
-from pyrds.userspace.stack import StackError
+from pyrds.userspace.client import autostart as client
+from pyrds.userspace.service.replies import error_reply as _error
+from pyrds.userspace.stack.errors import StackError
 
 
 class Port(enum.IntEnum):

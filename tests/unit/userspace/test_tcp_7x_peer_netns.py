@@ -125,7 +125,7 @@ sys.stdin.readline()
 
 _RECV = """
 import sys, pyrds
-from pyrds.userspace.counters import stack_counters
+from pyrds.userspace.control import stack_counters
 s = pyrds.socket("userspace")
 s.bind(("10.77.0.9", 5000))
 s.settimeout(20)

@@ -24,7 +24,7 @@ for i in range(n):
     d, a = s.recvfrom(4096)
     assert int(d[:8]) == i, (i, d[:8])
     assert a[0] == "10.77.0.1"
-from pyrds.userspace.counters import stack_counters
+from pyrds.userspace.control import stack_counters
 c = stack_counters(s)
 print("ok", c["tcp_protocol_error"], len(s.get_info(InfoType.RDS_INFO_TCP_SOCKETS)), flush=True)
 """
@@ -49,7 +49,7 @@ s.settimeout(10)
 s.sendto(b"", ("10.77.0.9", 0))  # RDS ping: the peer's stack answers with an empty pong from port 0
 assert s.recvfrom(10) == (b"", ("10.77.0.9", 0))
 from pyrds.constants import InfoType
-from pyrds.userspace.counters import stack_counters
+from pyrds.userspace.control import stack_counters
 c = stack_counters(s)
 print("sent", c["conn_reset"], flush=True)
 """

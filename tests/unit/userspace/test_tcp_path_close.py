@@ -14,26 +14,17 @@ from typing import Any
 import pytest
 
 from pyrds.userspace.proto import CongestionMap, PathEngine
-from pyrds.userspace.sockstate import Incoming, Outgoing
-from pyrds.userspace.tcp_transport import R, TcpPath
+from pyrds.userspace.stack.sockstate import Incoming, Outgoing
+from pyrds.userspace.transports.tcp.path import R, TcpPath
 from tests.unit.userspace.fakes import FakeSvc
 
 LADDR, FADDR = ipaddress.ip_address("10.0.0.2"), ipaddress.ip_address("10.0.0.1")
 
 
-class FakeCong:
-    def map_for(self, _addr: Any) -> CongestionMap:
-        return CongestionMap()
-
-    def replace_remote(self, *_a: Any) -> int:
-        return 0
-
-    def map_updated(self, *_a: Any) -> None: ...
-
-
 class FakeStack:
+    """The StackHost a path talks to."""
+
     def __init__(self) -> None:
-        self.cong = FakeCong()
         sysctl = {"ping_enable": 1, "rds_tcp_sndbuf": 0, "rds_tcp_rcvbuf": 0}
         self.config = type("Cfg", (), {"sysctl": sysctl})
         self.counters: defaultdict[str, int] = defaultdict(int)
@@ -43,15 +34,25 @@ class FakeStack:
         self.delivered.append(inc.payload)
 
     def acked(self, _msg: Outgoing) -> None: ...
-    def wake(self, *_a: Any) -> None: ...
+    def is_local(self, *_a: Any) -> bool:
+        return False
+
+    def local_cong_map(self, _addr: Any) -> CongestionMap:
+        return CongestionMap()
+
+    def peer_cong_map(self, *_a: Any) -> None: ...
+    def cong_updated(self, *_a: Any) -> None: ...
 
 
 class FakeConn:
     owner = False
+    closed = False
     laddr, faddr = LADDR, FADDR
 
     def __init__(self) -> None:
-        self.mgr = type("Mgr", (), {"stack": FakeStack(), "svc": FakeSvc(), "closed": False})()
+        self.mgr = type("Mgr", (), {"stack": FakeStack(), "svc": FakeSvc()})()
+        self.host = self.mgr.stack  # the path's StackHost and event loop
+        self.loop = self.mgr.svc
         self.downs = 0
         self.paths: list[TcpPath] = []
         self.paths.append(TcpPath(self, 0))  # type: ignore[arg-type]  # path 0: what paths > 0 catch up with

@@ -18,10 +18,7 @@ from typing import Any
 import pytest
 
 from pyrds.constants import RDS_CONG_MAP_BYTES, SOL_RDS, ExtHeaderType, SockOpt
-from pyrds.userspace import tcp_transport
 from pyrds.userspace.config import StackConfig
-from pyrds.userspace.conn_manager import ConnManager, TcpConn
-from pyrds.userspace.counters import info_counters
 from pyrds.userspace.proto import (
     ExtHeader,
     MessageReceived,
@@ -31,9 +28,16 @@ from pyrds.userspace.proto import (
     RDSHeader,
 )
 from pyrds.userspace.proto.pathset import PORT_TAG, is_tagged
-from pyrds.userspace.sockopts import getsockopt, setsockopt
-from pyrds.userspace.sockstate import Outgoing
-from pyrds.userspace.stack import Stack, StackError
+from pyrds.userspace.stack.core import Stack
+from pyrds.userspace.stack.counters import info_counters
+from pyrds.userspace.stack.errors import StackError
+from pyrds.userspace.stack.sockopts import getsockopt, setsockopt
+from pyrds.userspace.stack.sockstate import Outgoing
+from pyrds.userspace.transports import loop_transport
+from pyrds.userspace.transports.tcp import path as tcp_path
+from pyrds.userspace.transports.tcp import sockopt as tcp_sockopt
+from pyrds.userspace.transports.tcp.conn import TcpConn
+from pyrds.userspace.transports.tcp.transport import TcpTransport
 from tests.unit.userspace.fakes import FakeSvc
 
 SMALL, LARGE = ipaddress.ip_address("10.0.0.1"), ipaddress.ip_address("10.0.0.2")
@@ -85,7 +89,8 @@ def connect_from(port: int, peers: list[socket.socket]) -> socket.socket:
 def make_conn(owner: bool) -> tuple[TcpConn, FakeSvc, Stack]:
     stack = Stack()
     svc = FakeSvc()
-    mgr = ConnManager(stack, svc)  # type: ignore[arg-type]
+    stack.attach(loop_transport(stack))
+    mgr = TcpTransport(stack, svc)
     conn = mgr.conn(SMALL, LARGE) if owner else mgr.conn(LARGE, SMALL)
     assert conn.owner == owner
     return conn, svc, stack
@@ -95,7 +100,7 @@ def arrive(path: Any, dialer: socket.socket, data: bytes) -> None:
     """The peer writes ``data`` on ``path``'s connection; the event loop reads it (and flushes replies)."""
     dialer.sendall(data)
     time.sleep(0.02)
-    path._on_io(tcp_transport.R)
+    path._on_io(tcp_path.R)
 
 
 def read_frames(dialer: socket.socket, want: int) -> list[RDSHeader]:
@@ -247,16 +252,16 @@ def test_dialer_source_ports_name_the_path(monkeypatch: pytest.MonkeyPatch) -> N
     when no tagged port is free it takes any port of the local range with that residue, like 7.x."""
     for index in range(8):
         with socket.socket() as s:
-            tcp_transport.bind_path_port(s, "127.0.0.1", index)
+            tcp_sockopt.bind_path_port(s, "127.0.0.1", index)
             port = s.getsockname()[1]
             assert port & 0xFF == PORT_TAG | index and port % 8 == index
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         taken = busy.getsockname()[1]
-        monkeypatch.setattr(tcp_transport, "dial_port", lambda _r, _i: taken)  # every tagged try collides
+        monkeypatch.setattr(tcp_sockopt, "dial_port", lambda _r, _i: taken)  # every tagged try collides
         for index in (0, 5):
             with socket.socket() as s:
-                tcp_transport.bind_path_port(s, "127.0.0.1", index)
+                tcp_sockopt.bind_path_port(s, "127.0.0.1", index)
                 port = s.getsockname()[1]
                 assert port % 8 == index and port != taken
 

@@ -7,34 +7,35 @@ incremented.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
-import random
 import selectors
 import socket
-import struct
-import termios
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Protocol, assert_never, cast
 
+from pyrds.addr import IPAddress
 from pyrds.userspace.proto.errors import ProtocolError
 from pyrds.userspace.proto.events import (
     AckedMessage,
+    CongMapDropped,
     CongMapReceived,
     DuplicateDropped,
+    Event,
     MessageReceived,
     NpathsNegotiated,
     PeerGenChanged,
     PingReceived,
+    PongReceived,
 )
 from pyrds.userspace.proto.path import PathEngine, PathState
-from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, Lane, dial_port, sport_idx_ports
-from pyrds.userspace.sockstate import Incoming, Outgoing
+from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, Lane
+from pyrds.userspace.stack.sockstate import Incoming, Outgoing
+from pyrds.userspace.stack.transport import EventLoop, StackHost
+from pyrds.userspace.transports.tcp.sockopt import bind_path_port, tune, unacked_bytes
 
-if TYPE_CHECKING:
-    from pyrds.userspace.conn_manager import TcpConn
+__all__ = ["PathOwner", "R", "TcpPath", "W"]
 
 log = logging.getLogger("pyrds.userspace.tcp")
 R, W = selectors.EVENT_READ, selectors.EVENT_WRITE
@@ -43,63 +44,30 @@ CONFIRM_POLL = 0.01  # owner: how often an unconfirmed connection checks whether
 CONFIRM_TIMEOUT = 5.0  # owner: send on a new connection after this even if nothing confirmed it
 CLOSE_TIMEOUT = 5.0  # graceful close: give up waiting for the peer's FIN
 WRITE_CHUNK = 256 * 1024
-_OUTQ = struct.Struct("i")
 
 
-def tune(s: socket.socket, sndbuf: int = 0, rcvbuf: int = 0) -> None:
-    """TCP_NODELAY, keepalive 5s/5/5s, rds_tcp_sndbuf/rcvbuf (rds_tcp_tune, rds_tcp_keepalive)."""
-    if sndbuf > 0:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
-    if rcvbuf > 0:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 5)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 5)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
+class PathOwner(Protocol):
+    """What a path needs from its connection (:class:`~pyrds.userspace.transports.tcp.conn.TcpConn`)."""
 
+    host: StackHost
+    loop: EventLoop
+    laddr: IPAddress
+    faddr: IPAddress
+    owner: bool
 
-def unacked_bytes(s: socket.socket) -> int | None:
-    """SIOCOUTQ: bytes written to ``s`` that the peer's TCP has not acked (a FIN counts); None on error."""
-    try:
-        outq: int = _OUTQ.unpack(fcntl.ioctl(s.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-    except OSError:
-        return None
-    return outq
+    @property
+    def paths(self) -> Sequence[TcpPath]: ...
+    @property
+    def closed(self) -> bool: ...
 
-
-def local_port_range() -> tuple[int, int]:
-    """``net.ipv4.ip_local_port_range`` of this namespace (32768..60999 if unreadable)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = (int(v) for v in f.read().split()[:2])
-    except (OSError, ValueError):
-        return 32768, 60999
-    return low, high
-
-
-def bind_path_port(s: socket.socket, laddr: str, index: int) -> None:
-    """Bind a source port that names the path, ``port % 8 == index``: a tagged one
-    (:func:`pyrds.userspace.proto.pathset.dial_port`, which a pyrds acceptor also pairs by index before any
-    handshake), else, like 7.x ``rds_tcp_conn_path_connect``, any port of the local range with that residue
-    (a 7.x or pyrds acceptor that saw SPORT_IDX pairs by ``port % npaths``; a 6.1 acceptor ignores the port
-    and takes the first free path). EADDRINUSE when every such port is taken (the dial is retried later)."""
-    for _ in range(32):
-        try:
-            s.bind((laddr, dial_port(random.getrandbits(16), index)))
-            return
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-    low, high = local_port_range()
-    for port in sport_idx_ports(index, low, high, random.getrandbits(16)):
-        try:
-            s.bind((laddr, port))
-            return
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-    raise OSError(errno.EADDRINUSE, "no free source port naming the path")
+    def new_socket(self) -> socket.socket: ...
+    def doorbell(self) -> None: ...
+    def advance(self) -> None: ...
+    def path0_up(self) -> None: ...
+    def path_confirmed(self, path: TcpPath) -> None: ...
+    def path_down(self, path: TcpPath) -> None: ...
+    def negotiated(self, npaths: int, sport_idx: bool = False) -> None: ...
+    def peer_restarted(self, path: TcpPath) -> None: ...
 
 
 class TcpPath:
@@ -113,16 +81,17 @@ class TcpPath:
     :data:`OWNER_PREAMBLE` written first, or CONFIRM_TIMEOUT passed; only then is the next path dialled (see
     :mod:`pyrds.userspace.proto.pathset`)."""
 
-    def __init__(self, conn: TcpConn, index: int) -> None:
+    def __init__(self, conn: PathOwner, index: int) -> None:
         self.conn = conn
+        self.host = conn.host
+        self.loop = conn.loop
         self.index = index
-        st = conn.mgr.stack
         self.engine: PathEngine = PathEngine(
             conn.laddr,
             conn.faddr,
             index,
-            local_map=st.cong.map_for(conn.laddr),
-            ping_enable=bool(st.config.sysctl["ping_enable"]),
+            local_map=conn.host.local_cong_map(conn.laddr),
+            ping_enable=bool(conn.host.config.sysctl["ping_enable"]),
             lane0=conn.paths[0].engine if index > 0 else None,
         )
         self.sock: socket.socket | None = None
@@ -185,16 +154,16 @@ class TcpPath:
         if self.sock is not None or self.dial_scheduled:
             return
         self.dial_scheduled = True
-        self.conn.mgr.svc.call_later(delay, self._dial)
+        self.loop.call_later(delay, self._dial)
 
     def _dial(self) -> None:
         self.dial_scheduled = False
-        if self.sock is not None or self.conn.mgr.closed:
+        if self.sock is not None or self.conn.closed:
             return
         s = self.conn.new_socket()
         try:
             bind_path_port(s, str(self.conn.laddr), self.index)
-            s.connect_ex((str(self.conn.faddr), self.conn.mgr.stack.config.tcp_peer_port))
+            s.connect_ex((str(self.conn.faddr), self.host.config.tcp_peer_port))
         except OSError:
             s.close()
             self.conn.path_down(self)
@@ -203,7 +172,7 @@ class TcpPath:
         self.gen += 1
         self.confirmed = self.closing = False
         self.engine.connecting(time.monotonic())
-        self.conn.mgr.svc.register(s, W, self._on_connect)
+        self.loop.register(s, W, self._on_connect)
 
     def _on_connect(self, _mask: int) -> None:
         s = self.sock
@@ -220,9 +189,9 @@ class TcpPath:
         except OSError:
             self.peer_port = None
         self.gen += 1
-        sysctl = self.conn.mgr.stack.config.sysctl
+        sysctl = self.host.config.sysctl
         tune(s, sysctl["rds_tcp_sndbuf"], sysctl["rds_tcp_rcvbuf"])
-        svc = self.conn.mgr.svc
+        svc = self.loop
         if registered:
             svc.modify(s, R, self._on_io)
         else:
@@ -257,7 +226,7 @@ class TcpPath:
         if unacked_bytes(self.sock) == 0 or time.monotonic() >= deadline:
             self.confirm()
         else:
-            self.conn.mgr.svc.call_later(CONFIRM_POLL, lambda: self._confirm_poll(gen, deadline))
+            self.loop.call_later(CONFIRM_POLL, lambda: self._confirm_poll(gen, deadline))
 
     def confirm(self) -> None:
         """The peer accepted this connection (it sent something on it, acked the preamble, or
@@ -293,7 +262,7 @@ class TcpPath:
             s.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-        svc = self.conn.mgr.svc
+        svc = self.loop
         svc.modify(s, R, self._on_io)
         gen = self.gen
         svc.call_later(CLOSE_TIMEOUT, lambda: self._close_timeout(gen))
@@ -319,10 +288,10 @@ class TcpPath:
         s = self.sock
         if s is not None:
             self.check_acks()
-            self.conn.mgr.svc.unregister(s)
+            self.loop.unregister(s)
             s.close()
             self.sock = None
-            self.conn.mgr.stack.counters["conn_reset"] += 1
+            self.host.counters["conn_reset"] += 1
         self.outbuf = b""
         self.closing = self.confirmed = False
         self.gen += 1
@@ -332,7 +301,7 @@ class TcpPath:
 
     def close(self) -> None:
         if self.sock is not None:
-            self.conn.mgr.svc.unregister(self.sock)
+            self.loop.unregister(self.sock)
             self.sock.close()
             self.sock = None
 
@@ -342,7 +311,7 @@ class TcpPath:
         if s is None:
             return
         if self.up and self.confirmed:
-            svc = self.conn.mgr.svc
+            svc = self.loop
             while self.staged:
                 self._to_engine(self.staged.popleft())
             held = False
@@ -359,7 +328,7 @@ class TcpPath:
                 try:
                     n = s.send(self.outbuf)
                 except (BlockingIOError, InterruptedError):
-                    self.conn.mgr.stack.counters["tcp_sndbuf_full"] += 1
+                    self.host.counters["tcp_sndbuf_full"] += 1
                     svc.modify(s, R | W, self._on_io)
                     break
                 except OSError:
@@ -374,10 +343,10 @@ class TcpPath:
     def _catchup_wait(self) -> None:
         """Path 0 still holds messages older than the fan-out (:mod:`pyrds.userspace.proto.path`): count it
         and try again shortly (7.x requeues its send worker)."""
-        self.conn.mgr.stack.counters["mprds_catchup_tx0_retries"] += 1
+        self.host.counters["mprds_catchup_tx0_retries"] += 1
         if not self.catchup_scheduled:
             self.catchup_scheduled = True
-            self.conn.mgr.svc.call_later(ACK_POLL, self._catchup_retry)
+            self.loop.call_later(ACK_POLL, self._catchup_retry)
 
     def _catchup_retry(self) -> None:
         self.catchup_scheduled = False
@@ -390,7 +359,7 @@ class TcpPath:
         for row in rows:
             msg = self.pending.pop(row.seq, None)
             if msg is not None:
-                self.conn.mgr.stack.acked(msg)
+                self.host.acked(msg)
 
     def check_acks(self) -> None:
         """Messages whose last byte the peer's TCP acked: bytes the socket accepted minus SIOCOUTQ (which
@@ -404,10 +373,10 @@ class TcpPath:
         for acked in self.engine.acked_through(max(0, self.wire_bytes - outq)):
             msg = self.pending.pop(acked.seq, None)
             if msg is not None:
-                self.conn.mgr.stack.acked(msg)
+                self.host.acked(msg)
         if self.pending and not self.ack_scheduled:
             self.ack_scheduled = True
-            self.conn.mgr.svc.call_later(ACK_POLL, self._ack_timer)
+            self.loop.call_later(ACK_POLL, self._ack_timer)
 
     def _ack_timer(self) -> None:
         self.ack_scheduled = False
@@ -417,7 +386,7 @@ class TcpPath:
         s = self.sock
         if s is None:
             return
-        counters = self.conn.mgr.stack.counters
+        counters = self.host.counters
         if mask & W:
             counters["tcp_write_space_calls"] += 1
             self.flush()
@@ -450,8 +419,8 @@ class TcpPath:
                 self.index,
                 exc,
             )
-            self.conn.mgr.stack.counters["tcp_protocol_error"] += 1
-            for ev in getattr(exc, "partial", None) or []:
+            self.host.counters["tcp_protocol_error"] += 1
+            for ev in cast("list[Event]", exc.partial):
                 self._event(ev)
             self.lost()
             return False
@@ -459,33 +428,37 @@ class TcpPath:
             self._event(ev)
         return True
 
-    def _event(self, ev: Any) -> None:
-        st = self.conn.mgr.stack
-        if isinstance(ev, MessageReceived):
-            h = ev.header
-            now = time.monotonic_ns()
-            st.deliver(
-                Incoming(
-                    self.conn.faddr,
-                    self.conn.laddr,
-                    h.sport,
-                    h.dport,
-                    ev.payload,
-                    h.sequence,
-                    0,
-                    lat=(now, now, now, 0),
+    def _event(self, ev: Event) -> None:
+        """One event of the engine; every kind is named, so a new one cannot be dropped unnoticed."""
+        host = self.host
+        match ev:
+            case MessageReceived(header=h, payload=payload):
+                now = time.monotonic_ns()
+                host.deliver(
+                    Incoming(
+                        self.conn.faddr,
+                        self.conn.laddr,
+                        h.sport,
+                        h.dport,
+                        payload,
+                        h.sequence,
+                        0,
+                        lat=(now, now, now, 0),
+                    )
                 )
-            )
-        elif isinstance(ev, CongMapReceived):
-            mask = st.cong.replace_remote(self.conn.faddr, ev.map)
-            st.cong.map_updated(mask, st.wake)
-        elif isinstance(ev, PingReceived):
-            st.counters["recv_ping"] += 1
-            st.counters["send_pong"] += int(ev.pong_queued)
-        elif isinstance(ev, DuplicateDropped):
-            st.counters["recv_drop_old_seq"] += 1
-        elif isinstance(ev, NpathsNegotiated):
-            self.conn.negotiated(ev.npaths, ev.sport_idx)
-        elif isinstance(ev, PeerGenChanged):
-            self.release(ev.flushed)
-            self.conn.peer_restarted(self)
+            case CongMapReceived(map=cmap):
+                host.peer_cong_map(self.conn.faddr, cmap)
+            case PingReceived(pong_queued=pong_queued):
+                host.counters["recv_ping"] += 1
+                host.counters["send_pong"] += int(pong_queued)
+            case DuplicateDropped():
+                host.counters["recv_drop_old_seq"] += 1
+            case NpathsNegotiated(npaths=npaths, sport_idx=sport_idx):
+                self.conn.negotiated(npaths, sport_idx)
+            case PeerGenChanged(flushed=flushed):
+                self.release(flushed)
+                self.conn.peer_restarted(self)
+            case PongReceived() | CongMapDropped():
+                pass  # the pong's handshake came as NpathsNegotiated; a map of the wrong length is ignored
+            case _:
+                assert_never(ev)

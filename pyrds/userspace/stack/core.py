@@ -1,7 +1,9 @@
 """The stack core: sockets, port space, bind/connect/send/recv with the kernel's rules, delivery, acks.
 
-Transport I/O lives elsewhere: :mod:`loop` (local destinations) and :mod:`conn_manager` (RDS/TCP); both call
-:meth:`Stack.deliver` for received messages and :meth:`Stack.acked` when a sent message is acked.
+No I/O toward peers happens here: a sent message goes to a transport chosen by :func:`select_transport`
+(loop for destinations local to the node, else the network transport); transports call back through the
+:class:`~pyrds.userspace.stack.transport.StackHost` methods of :class:`Stack` (:meth:`Stack.deliver` for a
+received message, :meth:`Stack.acked` when a sent message is acked, congestion-map upcalls).
 """
 
 from __future__ import annotations
@@ -11,46 +13,25 @@ import ipaddress
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from pyrds.addr import IPAddress
-from pyrds.constants import Transport
-from pyrds.userspace import cmsgs
+from pyrds.constants import MSG_ZEROCOPY, RDS_MAX_MSG_SIZE, Transport
 from pyrds.userspace.config import StackConfig
-from pyrds.userspace.congestion import ALL_PORTS, CongestionTable
-from pyrds.userspace.counters import new_counters
-from pyrds.userspace.ports import PortSpace, is_local, is_loopback, normalize
-from pyrds.userspace.proto.cong import next_congested_state
-from pyrds.userspace.rpc import WAIT_CONG
-from pyrds.userspace.sockstate import Incoming, Outgoing, SockState
+from pyrds.userspace.proto.cong import CongestionMap, next_congested_state
+from pyrds.userspace.stack import ancillary
+from pyrds.userspace.stack.congestion import CongestionTable
+from pyrds.userspace.stack.counters import new_counters
+from pyrds.userspace.stack.errors import MustWait, StackError
+from pyrds.userspace.stack.outbox import Outbox
+from pyrds.userspace.stack.ports import PortSpace, is_local, is_loopback, normalize
+from pyrds.userspace.stack.sockstate import Incoming, Outgoing, SockState
+from pyrds.userspace.stack.transport import Transport as StackTransport
+from pyrds.userspace.stack.transport import select_transport
 
 MSG_TRUNC = int(socket.MSG_TRUNC)
 MSG_PEEK = int(socket.MSG_PEEK)
 MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
-MSG_ZEROCOPY = 0x4000000
-RDS_MAX_MSG_SIZE = 1 << 20
-
-
-class StackError(Exception):
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-class TcpTransport(Protocol):
-    def send(self, msg: Outgoing, hash_key: tuple[int, int]) -> None: ...
-    def cong_map_changed(self, laddr: IPAddress) -> None: ...
-    def cancel(self, msg: Outgoing) -> None: ...
-
-
-@dataclass
-class LoopConn:
-    laddr: IPAddress
-    faddr: IPAddress
-    tos: int
-    next_tx_seq: int = 1
-    next_rx_seq: int = 1
 
 
 def _valid_dest(ip: IPAddress) -> bool:
@@ -68,8 +49,8 @@ class Stack:
         self.socks: dict[int, SockState] = {}
         self.cong = CongestionTable(self.counters)
         self.cong.on_local_change = self._local_map_changed
-        self.loop_conns: dict[tuple[IPAddress, IPAddress, int], LoopConn] = {}
-        self.tcp: TcpTransport | None = None
+        #: the attached transports (loop, TCP), in the order they were attached
+        self.transports: list[StackTransport] = []
         self._next_id = 1
         self._local_cache: dict[IPAddress, tuple[bool, float]] = {}
 
@@ -86,6 +67,23 @@ class Stack:
 
     def wake(self, rs: SockState) -> None:
         rs.update_readiness()
+
+    def attach(self, transport: StackTransport) -> None:
+        """Make ``transport`` available to the send path (the service attaches loop and TCP)."""
+        self.transports.append(transport)
+
+    def _transport_for(self, daddr: IPAddress) -> StackTransport | None:
+        return select_transport(self.transports, self.is_local(daddr))
+
+    # -- StackHost: what transports may call
+    def local_cong_map(self, laddr: IPAddress) -> CongestionMap:
+        return self.cong.map_for(laddr)
+
+    def peer_cong_map(self, faddr: IPAddress, cmap: CongestionMap) -> None:
+        self.cong.map_updated(self.cong.replace_remote(faddr, cmap), self.wake)
+
+    def cong_updated(self, portmask: int) -> None:
+        self.cong.map_updated(portmask, self.wake)
 
     # -- socket lifetime
     def open(self) -> SockState:
@@ -107,8 +105,7 @@ class Stack:
         rs.recv_queue.clear()
         self.cong.remove_socket(rs)
         for msg in list(rs.sent.values()):
-            if self.tcp is not None:
-                self.tcp.cancel(msg)
+            self._cancel(msg)
         rs.sent.clear()
         if rs.bound_addr is not None:
             self.ports.remove(rs.bound_addr, rs.bound_port, rs.sock_id)
@@ -166,7 +163,10 @@ class Stack:
         flags: int,
         dest: tuple[IPAddress, int] | None,
         nonblock: bool,
+        outbox: Outbox | None = None,
     ) -> int:
+        """rds_sendmsg. A message for a transport that does I/O goes to ``outbox`` when one is given (the
+        caller flushes it after replying), else straight to the transport."""
         self.cong.look(rs)
         if flags & ~(MSG_DONTWAIT | MSG_ZEROCOPY):
             raise StackError(errno.EOPNOTSUPP)
@@ -187,16 +187,13 @@ class Stack:
         zcopy = bool(flags & MSG_ZEROCOPY) and rs.zerocopy
         if zcopy and rs.transport != Transport.TCP:
             raise StackError(errno.EOPNOTSUPP)
-        try:
-            cookie = cmsgs.check_send(anc, flags, zcopy)
-        except cmsgs.CmsgError as exc:
-            raise StackError(exc.code) from None
+        cookie = ancillary.check_send(anc, flags, zcopy)
         if nonblock is False and flags & MSG_DONTWAIT:
             nonblock = True
         if self.cong.test(daddr, dport):
             if not nonblock:
                 self.counters["cong_send_blocked"] += 1
-                raise StackError(WAIT_CONG)
+                raise MustWait()
             if rs.cong_monitor:
                 rs.cong_mask |= 1 << (dport % 64)
             self.counters["cong_send_error"] += 1
@@ -213,38 +210,15 @@ class Stack:
         rs.sent[id(msg)] = msg
         self.counters["send_queued"] += 1
         self.counters["copy_from_user"] += 1
-        if self.is_local(daddr):
-            self._loop_xmit(msg)
-        elif self.tcp is None:
+        transport = self._transport_for(daddr)
+        if transport is None:
             raise StackError(errno.EADDRNOTAVAIL)
+        if outbox is not None and not transport.immediate:
+            outbox.put(transport, msg, (rs.bound_port, rs.hash_initval))
         else:
-            self.tcp.send(msg, (rs.bound_port, rs.hash_initval))
+            transport.transmit(msg, (rs.bound_port, rs.hash_initval))
         rs.update_readiness()
         return plen
-
-    def _loop_xmit(self, msg: Outgoing) -> None:
-        """rds_loop_xmit: the message is received and acked at once."""
-        conn = self._loop_conn(msg.saddr, msg.daddr, msg.tos)
-        msg.seq = conn.next_tx_seq
-        conn.next_tx_seq += 1
-        conn.next_rx_seq = conn.next_tx_seq
-        now = time.monotonic_ns()
-        inc = Incoming(
-            msg.saddr, msg.daddr, msg.sport, msg.dport, msg.payload, msg.seq, msg.tos, lat=(0, 0, now, 0)
-        )
-        self.acked(msg)
-        self.deliver(inc)
-
-    def _loop_conn(self, laddr: IPAddress, faddr: IPAddress, tos: int) -> LoopConn:
-        """The loop connection, created on first use. Its connect completes at once and queues the local
-        map (rds_connect_path_complete), which the loop transport "sends" as rds_cong_map_updated(fcong, ~0)
-        before the first message: a map update (generation bump) per new loop connection, like the kernel."""
-        key = (laddr, faddr, tos)
-        conn = self.loop_conns.get(key)
-        if conn is None:
-            conn = self.loop_conns[key] = LoopConn(laddr, faddr, tos)
-            self.cong.map_updated(ALL_PORTS, self.wake)
-        return conn
 
     def acked(self, msg: Outgoing) -> None:
         """A sent message is acked: release its send-buffer bytes, queue its zerocopy cookie."""
@@ -263,9 +237,12 @@ class Stack:
                 del rs.sent[key]
                 rs.snd_bytes -= len(msg.payload)
                 self.counters["send_canceled"] += 1
-                if self.tcp is not None:
-                    self.tcp.cancel(msg)
+                self._cancel(msg)
         rs.update_readiness()
+
+    def _cancel(self, msg: Outgoing) -> None:
+        for transport in self.transports:
+            transport.cancel(msg)
 
     def deliver(self, inc: Incoming) -> None:
         """rds_recv_incoming after sequence checks: pings, lookup, queueing, congestion accounting."""
@@ -293,14 +270,10 @@ class Stack:
         rs.update_readiness()
 
     def _pong(self, ping: Incoming) -> None:
-        if self.is_local(ping.saddr):
-            conn = self._loop_conn(ping.daddr, ping.saddr, ping.tos)
-            seq = conn.next_tx_seq
-            conn.next_tx_seq += 1
-            self.deliver(Incoming(ping.daddr, ping.saddr, 0, ping.sport, b"", seq, ping.tos))
-        elif self.tcp is not None:
-            pong = Outgoing(0, ping.daddr, ping.saddr, 0, ping.sport, b"", ping.tos)
-            self.tcp.send(pong, (0, 0))
+        """rds_send_pong: a message from port 0 to the pinger (no socket: sock_id 0), on path 0."""
+        transport = self._transport_for(ping.saddr)
+        if transport is not None:
+            transport.transmit(Outgoing(0, ping.daddr, ping.saddr, 0, ping.sport, b"", ping.tos), (0, 0))
 
     def _rcvbuf_delta(self, rs: SockState, delta: int) -> None:
         if delta == 0:
@@ -317,10 +290,8 @@ class Stack:
 
     def _local_map_changed(self, laddr: IPAddress) -> None:
         self.counters["cong_update_queued"] += 1
-        if any(c.laddr == laddr for c in self.loop_conns.values()):
-            self.cong.map_updated(ALL_PORTS, self.wake)
-        if self.tcp is not None:
-            self.tcp.cong_map_changed(laddr)
+        for transport in self.transports:
+            transport.cong_map_changed(laddr)
 
     def recvmsg(
         self, rs: SockState, bufsize: int, ancbufsize: int, flags: int, nonblock: bool
@@ -329,7 +300,7 @@ class Stack:
         if flags & socket.MSG_OOB:
             raise StackError(errno.EOPNOTSUPP)
         del nonblock  # the client waits for POLLIN itself; the service never blocks
-        out = cmsgs.AncBuilder(ancbufsize)
+        out = ancillary.AncBuilder(ancbufsize)
         if rs.cong_notify:
             notify = rs.cong_notify
             if out.put_cong(notify):

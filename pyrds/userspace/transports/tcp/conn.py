@@ -1,12 +1,13 @@
-"""RDS/TCP connections of one stack: the listener, one :class:`TcpConn` per (laddr, faddr) with its paths,
-the dial rule and multipath.
+"""One RDS/TCP connection (``struct rds_connection``): a (laddr, faddr) pair, its paths, the dial rule and
+multipath.
 
 The numerically smaller address owns (dials and re-dials, with backoff) every path; a dial from the larger
 side is a doorbell that the owner closes before dialling itself. Path 0 carries the multipath probe
 (sport 1 -> dport 0 with NPATHS and SPORT_IDX), which the owner sends on every new path 0 connection (7.x:
 the peer may have restarted and know nothing); once ``c_npaths`` is known the owner dials paths 1..n-1, one
 at a time and in order.
-A socket's messages use path ``jhash(port, initval) & (npaths - 1)``, path 0 until the handshake is done.
+A socket's messages use path ``RDS_MPATH_HASH`` (:func:`~pyrds.userspace.proto.handshake.send_path_index`),
+path 0 until the handshake is done.
 At fan-out (``c_npaths`` becomes > 1) paths > 0 wait until path 0 has no unacked message from before
 (:meth:`PathEngine.begin_catchup`, 7.x ``mprds_catchup_tx0_retries``).
 
@@ -20,36 +21,36 @@ the first free path.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 from pyrds.addr import IPAddress
-from pyrds.constants import RDS_FLAG_PROBE_PORT, RDS_MPATH_WORKERS, InfoConnectionFlag
-from pyrds.userspace.ports import normalize
+from pyrds.constants import RDS_MPATH_WORKERS
 from pyrds.userspace.proto.backoff import ReconnectBackoff
-from pyrds.userspace.proto.handshake import jhash_1word, should_dial
-from pyrds.userspace.proto.path import PathState
+from pyrds.userspace.proto.handshake import send_path_index, should_dial
 from pyrds.userspace.proto.pathset import accept_path, next_dial, pyrds_dialer_port
-from pyrds.userspace.sockstate import Outgoing
-from pyrds.userspace.tcp_transport import R, TcpPath
+from pyrds.userspace.stack.transport import EventLoop, HashKey, StackHost
+from pyrds.userspace.transports.tcp.path import TcpPath
 
-if TYPE_CHECKING:
-    from pyrds.userspace.service import Service
-    from pyrds.userspace.stack import Stack
+__all__ = ["Stopped", "TcpConn"]
+
+#: tells a connection whether its transport was closed
+Stopped = Callable[[], bool]
 
 SETTLE_DELAY = 0.05  # after a teardown, before re-dialling path 0: the peer's paths go DOWN after their FIN
-ConnRow = tuple[int, int, IPAddress, IPAddress, str, int, int]
-MsgRow = tuple[int, int, IPAddress, IPAddress, int, int, int]
 
 
 class TcpConn:
-    def __init__(self, mgr: ConnManager, laddr: IPAddress, faddr: IPAddress) -> None:
-        self.mgr = mgr
+    def __init__(
+        self, host: StackHost, loop: EventLoop, laddr: IPAddress, faddr: IPAddress, stopped: Stopped
+    ) -> None:
+        self.host = host
+        self.loop = loop
+        self._stopped = stopped
         self.laddr, self.faddr = laddr, faddr
         self.owner = should_dial(laddr, faddr)
-        cfg = mgr.stack.config.sysctl
+        cfg = host.config.sysctl
         self.backoff = ReconnectBackoff(
             max(1, cfg["reconnect_min_delay_ms"]),
             max(1, cfg["reconnect_min_delay_ms"], cfg["reconnect_max_delay_ms"]),
@@ -60,6 +61,11 @@ class TcpConn:
         self.redial_backoff = False  # a path was lost: the next dial of path 0 waits
         self.max_paths = RDS_MPATH_WORKERS  # 1 once a dialer that cannot pair paths (6.1) connected
         self.paths: list[TcpPath] = [TcpPath(self, 0)]
+
+    @property
+    def closed(self) -> bool:
+        """The transport was closed: nothing is dialled any more."""
+        return self._stopped()
 
     def new_socket(self) -> socket.socket:
         fam = socket.AF_INET6 if self.faddr.version == 6 else socket.AF_INET
@@ -72,16 +78,15 @@ class TcpConn:
         s = self.new_socket()
         try:
             s.bind((str(self.laddr), 0))
-            s.connect_ex((str(self.faddr), self.mgr.stack.config.tcp_peer_port))
+            s.connect_ex((str(self.faddr), self.host.config.tcp_peer_port))
         except OSError:
             pass
-        self.mgr.svc.call_later(0.2, s.close)
+        self.loop.call_later(0.2, s.close)
 
-    def path_for(self, hash_key: tuple[int, int]) -> TcpPath:
+    def path_for(self, hash_key: HashKey) -> TcpPath:
         """rds_send_mprds_hash."""
         port, initval = hash_key
-        n = self.npaths or 8
-        index = jhash_1word(port, initval) & (n - 1) if n & (n - 1) == 0 else jhash_1word(port, initval) % n
+        index = send_path_index(port, self.npaths, initval)
         if self.npaths == 0 and index != 0 and not self.probe_sent and self.paths[0].up:
             self.send_probe()
         if self.npaths <= 1 or index >= len(self.paths):
@@ -135,7 +140,7 @@ class TcpConn:
 
     def advance(self) -> None:
         """Owner: dial the next path (:func:`next_dial`), path 0 after a backoff if a path was lost."""
-        if not self.owner or self.mgr.closed:
+        if not self.owner or self.closed:
             return
         index = next_dial([p.lane for p in self.paths], self.npaths)
         if index is None or index >= len(self.paths) or self.paths[index].dial_scheduled:
@@ -153,7 +158,7 @@ class TcpConn:
 
     def path_down(self, path: TcpPath) -> None:
         """Owner: a path is gone, so close every other path too and re-dial all of them in order."""
-        if not self.owner or self.mgr.closed:
+        if not self.owner or self.closed:
             return
         self.redial_backoff = True
         for p in self.paths:
@@ -184,7 +189,7 @@ class TcpConn:
         usable = self.paths[: max(1, self.npaths)]
         choice = accept_path(tagged, [p.sock is not None for p in usable])
         if choice is None:
-            self.mgr.stack.counters["tcp_connect_raced"] += 1
+            self.host.counters["tcp_connect_raced"] += 1
             s.close()
             return
         index, replace = choice
@@ -196,155 +201,3 @@ class TcpConn:
     def close(self) -> None:
         for p in self.paths:
             p.close()
-
-
-class ConnManager:
-    def __init__(self, stack: Stack, svc: Service) -> None:
-        self.stack = stack
-        self.svc = svc
-        self.conns: dict[tuple[IPAddress, IPAddress], TcpConn] = {}
-        self.listener: socket.socket | None = None
-        self.closed = False
-
-    def listen(self) -> None:
-        """Dual-stack listener on [::]:PYRDS_TCP_PORT with SO_REUSEADDR (rds_tcp_listen_init)."""
-        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        try:
-            s.bind(("::", self.stack.config.tcp_port))
-            s.listen(64)
-        except OSError:
-            s.close()
-            raise
-        s.setblocking(False)
-        self.listener = s
-        self.svc.register(s, R, self._accept)
-
-    def conn(self, laddr: IPAddress, faddr: IPAddress) -> TcpConn:
-        key = (normalize(laddr), normalize(faddr))
-        c = self.conns.get(key)
-        if c is None:
-            c = self.conns[key] = TcpConn(self, *key)
-        return c
-
-    def _accept(self, _mask: int) -> None:
-        assert self.listener is not None
-        try:
-            s, peer = self.listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        s.setblocking(False)
-        try:
-            faddr = normalize(ipaddress.ip_address(peer[0].split("%")[0]))
-            laddr = normalize(ipaddress.ip_address(s.getsockname()[0].split("%")[0]))
-        except (OSError, ValueError):
-            s.close()
-            return
-        if laddr == faddr or self.stack.is_local(faddr):
-            self.stack.counters["tcp_accept_refused"] += 1  # a peer address local to this node
-            s.close()
-            return
-        c = self.conn(laddr, faddr)
-        if c.owner:  # a doorbell: we own the connection, make sure we dial
-            s.close()
-            c.advance()
-            return
-        c.accept(s, int(peer[1]))
-
-    # -- what Stack calls (TcpTransport protocol)
-    def send(self, msg: Outgoing, hash_key: tuple[int, int]) -> None:
-        c = self.conn(msg.saddr, msg.daddr)
-        if msg.sport == 0 or msg.sport == RDS_FLAG_PROBE_PORT:
-            c.paths[0].queue(msg)
-        else:
-            c.path_for(hash_key).queue(msg)
-
-    def cong_map_changed(self, laddr: IPAddress) -> None:
-        for (la, _fa), c in self.conns.items():
-            if la == laddr:
-                c.paths[0].engine.queue_cong_map()
-                c.paths[0].flush()
-
-    def cancel(self, msg: Outgoing) -> None:
-        for c in self.conns.values():
-            for p in c.paths:
-                p.cancel(msg)
-
-    def reset_all(self) -> None:
-        """Drop every TCP path (like writing net.rds.tcp.rds_tcp_sndbuf), gracefully: what the peer sent
-        before is still read; owners reconnect and retransmit."""
-        for c in self.conns.values():
-            for p in c.paths:
-                p.begin_close()
-
-    def busy(self) -> bool:
-        return any(
-            p.engine.queued_msgs or p.staged or p.sock is not None
-            for c in self.conns.values()
-            for p in c.paths
-        )
-
-    def close(self) -> None:
-        self.closed = True
-        for c in self.conns.values():
-            c.close()
-        if self.listener is not None:
-            self.svc.unregister(self.listener)
-            self.listener.close()
-            self.listener = None
-
-    # -- info tables
-    def info_connections(self) -> list[ConnRow]:
-        rows: list[ConnRow] = []
-        for c in self.conns.values():
-            p = c.paths[0]
-            st = p.engine.state
-            flags = (InfoConnectionFlag.CONNECTED if st == PathState.UP else 0) | (
-                InfoConnectionFlag.CONNECTING if st == PathState.CONNECTING else 0
-            )
-            if p.outbuf:
-                flags |= InfoConnectionFlag.SENDING
-            rows.append((p.engine.next_tx_seq, p.engine.next_rx_seq, c.laddr, c.faddr, "tcp", int(flags), 0))
-        return rows
-
-    def info_messages(self, kind: str) -> list[MsgRow]:
-        rows: list[MsgRow] = []
-        for c in self.conns.values():
-            for p in c.paths:
-                src = p.engine.unsent + p.engine.unacked if kind == "send" else p.engine.unacked
-                rows.extend((m.seq, m.length, c.laddr, c.faddr, m.sport, m.dport, 0) for m in src)
-                if kind == "send":  # staged messages get the next sequence numbers when handed to the engine
-                    nxt = p.engine.next_tx_seq
-                    rows.extend(
-                        (nxt + i, len(m.payload), c.laddr, c.faddr, m.sport, m.dport, 0)
-                        for i, m in enumerate(p.staged)
-                    )
-        return rows
-
-    def info_tcp_sockets(self) -> list[tuple[Any, ...]]:
-        rows: list[tuple[Any, ...]] = []
-        for c in self.conns.values():
-            for p in c.paths:
-                if p.sock is None:
-                    continue
-                try:
-                    la, lp = p.sock.getsockname()[:2]
-                    pa, pp = p.sock.getpeername()[:2]
-                except OSError:
-                    continue
-                f = p.engine.framer
-                rows.append(
-                    (
-                        normalize(ipaddress.ip_address(la)),
-                        lp,
-                        normalize(ipaddress.ip_address(pa)),
-                        pp,
-                        f.hdr_rem,
-                        f.data_rem,
-                        p.engine.tx_bytes & 0xFFFFFFFF,
-                        0,
-                        0,
-                    )
-                )
-        return rows

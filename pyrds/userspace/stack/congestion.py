@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable
 
 from pyrds.addr import IPAddress
 from pyrds.constants import cong_monitor_mask
-from pyrds.userspace.ports import normalize
 from pyrds.userspace.proto.cong import CongestionMap
-from pyrds.userspace.sockstate import CongGeneration, SockState
+from pyrds.userspace.stack.ports import normalize
+from pyrds.userspace.stack.sockstate import CongGeneration, SockState
 
 ALL_PORTS = (1 << 64) - 1
 

@@ -7,18 +7,25 @@ import ipaddress
 import socket
 import struct
 
-from pyrds.constants import RDS_INFO_FIRST, RDS_INFO_LAST, SOL_RDS, SockOpt, Transport
-from pyrds.userspace import info_tables
+from pyrds.constants import (
+    PYRDS_INFO_STACK_COUNTERS,
+    RDS_INFO_FIRST,
+    RDS_INFO_LAST,
+    SO_RCVBUFFORCE,
+    SO_SNDBUFFORCE,
+    SO_TIMESTAMP_NEW,
+    SO_TIMESTAMP_OLD,
+    SO_ZEROCOPY,
+    SOL_RDS,
+    SockOpt,
+    Transport,
+)
 from pyrds.userspace.config import SOCK_MIN_RCVBUF, SOCK_MIN_SNDBUF
-from pyrds.userspace.counters import PYRDS_INFO_STACK_COUNTERS
-from pyrds.userspace.sockstate import SockState
-from pyrds.userspace.stack import Stack, StackError
+from pyrds.userspace.stack import info_tables
+from pyrds.userspace.stack.core import Stack
+from pyrds.userspace.stack.errors import StackError
+from pyrds.userspace.stack.sockstate import SockState
 
-SO_TIMESTAMP_OLD = 29
-SO_TIMESTAMP_NEW = 63
-SO_ZEROCOPY = 60
-SO_SNDBUFFORCE = 32
-SO_RCVBUFFORCE = 33
 INT_MAX = (1 << 31) - 1
 GET_MR_ARGS_SIZE = 32
 GET_MR_FOR_DEST_ARGS_SIZE = 160
@@ -149,9 +156,7 @@ def getsockopt(stack: Stack, rs: SockState, level: int, optname: int, buflen: in
     if RDS_INFO_FIRST <= optname <= RDS_INFO_LAST or optname == PYRDS_INFO_STACK_COUNTERS:
         raw, each = info_tables.table_bytes(stack, optname, buflen)
         if len(raw) > buflen:
-            err = StackError(errno.ENOSPC)
-            err.args = (errno.ENOSPC, len(raw))
-            raise err
+            raise StackError(errno.ENOSPC, len(raw))
         return raw
     if optname == SockOpt.RDS_RECVERR:
         if want < 4:

@@ -8,9 +8,10 @@ from typing import Any
 
 from pyrds import info
 from pyrds.addr import IPAddress
-from pyrds.constants import InfoConnectionFlag, InfoMessageFlag, InfoType
-from pyrds.userspace.counters import PYRDS_INFO_STACK_COUNTERS, info_counters
-from pyrds.userspace.stack import Stack, StackError
+from pyrds.constants import PYRDS_INFO_STACK_COUNTERS, InfoConnectionFlag, InfoMessageFlag, InfoType
+from pyrds.userspace.stack.core import Stack
+from pyrds.userspace.stack.counters import info_counters
+from pyrds.userspace.stack.errors import StackError
 
 _ANY4 = ipaddress.IPv4Address(0)
 _ANY6 = ipaddress.IPv6Address(0)
@@ -108,19 +109,7 @@ def records(stack: Stack, info_type: int) -> list[Any]:
                     )
         return out
     if t in (InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS6_INFO_CONNECTIONS):
-        rows: list[tuple[int, int, IPAddress, IPAddress, str, int, int]] = [
-            (
-                c.next_tx_seq,
-                c.next_rx_seq,
-                c.laddr,
-                c.faddr,
-                "loopback",
-                int(InfoConnectionFlag.CONNECTED),
-                c.tos,
-            )
-            for c in stack.loop_conns.values()
-        ]
-        rows.extend(getattr(stack.tcp, "info_connections", list)())
+        rows = [row for t in stack.transports for row in t.info_connections()]
         out = []
         for tx, rx, la, fa, name, flags, tos in rows:
             if v6:
@@ -136,9 +125,10 @@ def records(stack: Stack, info_type: int) -> list[Any]:
         InfoType.RDS_INFO_RETRANS_MESSAGES,
         InfoType.RDS6_INFO_RETRANS_MESSAGES,
     ):
-        kind = "send" if "SEND" in t.name else "retrans"
+        retransmit_only = "RETRANS" in t.name
         out = []
-        for seq, length, la, fa, lp, fp, tos in getattr(stack.tcp, "info_messages", lambda k: [])(kind):
+        msgs = [row for tr in stack.transports for row in tr.info_messages(retransmit_only)]
+        for seq, length, la, fa, lp, fp, tos in msgs:
             if v6:
                 out.append(info.Message6Info(seq, length, _v6(la), _v6(fa), lp, fp, _NOFLAG, tos))
             elif la.version == 4:
@@ -146,9 +136,8 @@ def records(stack: Stack, info_type: int) -> list[Any]:
         return out
     # TCP sockets
     out = []
-    for la, lp, pa, pp, hdr_rem, data_rem, nxt, una_exp, una in getattr(
-        stack.tcp, "info_tcp_sockets", list
-    )():
+    socks = [row for tr in stack.transports for row in tr.info_tcp_sockets()]
+    for la, lp, pa, pp, hdr_rem, data_rem, nxt, una_exp, una in socks:
         if v6:
             out.append(info.TcpSocket6Info(_v6(la), lp, _v6(pa), pp, hdr_rem, data_rem, nxt, una_exp, una))
         elif la.version == 4:

@@ -5,12 +5,20 @@ plus ``mprds_catchup_tx0_retries``, appended in 7.0) followed by the TCP transpo
 (net/rds/tcp_stats.c, unchanged since 6.1), in the kernel's order (``rds_stats_info`` copies the core names,
 then the transports'). The stack also keeps a few
 userspace-only counters (:data:`EXTRA_NAMES`); they are not in RDS_INFO_COUNTERS (the kernel has no such
-names) but can be read with :func:`stack_counters` (the private getsockopt :data:`PYRDS_INFO_STACK_COUNTERS`).
+names) but can be read with :func:`pyrds.userspace.control.stack_counters` (the private getsockopt
+:data:`PYRDS_INFO_STACK_COUNTERS`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+__all__ = [
+    "EXTRA_NAMES",
+    "INFO_NAMES",
+    "KERNEL_NAMES",
+    "TCP_NAMES",
+    "info_counters",
+    "new_counters",
+]
 
 KERNEL_NAMES = (
     "conn_reset",
@@ -60,11 +68,8 @@ TCP_NAMES = (
 )
 #: what RDS_INFO_COUNTERS reports, in this order
 INFO_NAMES = (*KERNEL_NAMES, *TCP_NAMES)
-#: userspace-only counters (no kernel equivalent): only in :func:`stack_counters`
+#: userspace-only counters (no kernel equivalent): only in ``pyrds.userspace.control.stack_counters``
 EXTRA_NAMES = ("tcp_protocol_error", "tcp_accept_refused", "recv_drop_dup", "send_canceled")
-#: SOL_RDS getsockopt of the userspace stack (outside RDS_INFO_FIRST..LAST; the kernel says ENOPROTOOPT):
-#: every counter, RDS_INFO_COUNTERS records (``struct rds_info_counter``) including :data:`EXTRA_NAMES`
-PYRDS_INFO_STACK_COUNTERS = 10900
 
 
 def new_counters() -> dict[str, int]:
@@ -74,13 +79,3 @@ def new_counters() -> dict[str, int]:
 def info_counters(counters: dict[str, int]) -> list[tuple[str, int]]:
     """The RDS_INFO_COUNTERS rows: the kernel's names only, in the kernel's order."""
     return [(name, counters.get(name, 0)) for name in INFO_NAMES]
-
-
-def stack_counters(sock: Any) -> dict[str, int]:
-    """Every counter of the userspace stack serving ``sock`` (a ``pyrds.userspace.RDSSocket``), including the
-    userspace-only ones."""
-    from pyrds import info
-    from pyrds.constants import SOL_RDS, InfoType
-
-    raw = sock.getsockopt(SOL_RDS, PYRDS_INFO_STACK_COUNTERS, 1 << 20)
-    return info.counters_dict(info.parse_info(InfoType.RDS_INFO_COUNTERS, raw))

@@ -1,4 +1,8 @@
-"""``RDSSocket``: the userspace backend's socket, a control connection to the namespace's stack service."""
+"""``RDSSocket``: the userspace backend's socket, a control connection to the namespace's stack service.
+
+The data path uses the binary SEND/RECV records of :mod:`pyrds.userspace.rpc`; every other call is one
+``(op, args)`` request. Blocking calls wait on the readiness fd (``fileno()``), never in the service.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,6 @@ import os
 import select
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -20,24 +22,13 @@ from pyrds import info
 from pyrds.addr import SockAddr, format_address, parse_address
 from pyrds.api import AncData, BackendName, RDSSocketBase, os_error
 from pyrds.userspace import rpc
-from pyrds.userspace.config import stack_address
+from pyrds.userspace.client.autostart import connect_stack
 
-_START_TIMEOUT = 60.0  # a loaded TCG guest can take tens of seconds to start a Python service
 _CONG_POLL = 0.005  # blocking send to a congested port re-checks this often (the kernel sleeps on the map)
 _POLLIN = select.POLLIN
 _SEND_REQ = rpc.SEND_REQ
 _RECV_REQ = rpc.RECV_REQ
 _INT32 = (-(1 << 31), (1 << 31) - 1)
-
-
-def start_timeout() -> float:
-    """Seconds to wait for a starting stack service: $PYRDS_START_TIMEOUT, default 60."""
-    raw = os.environ.get("PYRDS_START_TIMEOUT")
-    try:
-        value = float(raw) if raw else _START_TIMEOUT
-    except ValueError:
-        value = _START_TIMEOUT
-    return value if value > 0 else _START_TIMEOUT
 
 
 _dests: dict[Any, tuple[bytes, int]] = {}
@@ -75,57 +66,6 @@ def _source(raw: bytes, port: int, scope: int) -> SockAddr:
     return addr
 
 
-def _connect_control(addr: bytes) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        s.connect(addr)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, rpc.SOCK_SNDBUF)
-    except OSError:
-        s.close()
-        raise
-    return s
-
-
-def _spawn_service() -> None:
-    """Start the namespace's service detached; it logs to $PYRDS_STACK_LOG (default: nowhere) so that it never
-    holds the starting process's stdout/stderr pipes open."""
-    log_path = os.environ.get("PYRDS_STACK_LOG")
-    err = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
-    try:
-        subprocess.Popen(
-            [sys.executable, "-m", "pyrds.userspace.service"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,
-            close_fds=True,
-        )
-    finally:
-        if not isinstance(err, int):
-            err.close()
-
-
-def connect_stack(autostart: bool = True) -> socket.socket:
-    """A control connection to this namespace's stack, starting the service when none listens."""
-    addr = stack_address()
-    try:
-        return _connect_control(addr)
-    except (ConnectionRefusedError, FileNotFoundError):
-        if not autostart:
-            raise
-    _spawn_service()
-    deadline = time.monotonic() + start_timeout()
-    delay = 0.005
-    while True:
-        try:
-            return _connect_control(addr)
-        except (ConnectionRefusedError, FileNotFoundError):
-            if time.monotonic() > deadline:
-                raise os_error(errno.ECONNREFUSED, "pyrds stack service did not start") from None
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
-
-
 def _flat(b: Any) -> rpc.Buffer:
     """A send buffer as bytes-like without a copy when it is contiguous."""
     try:
@@ -146,6 +86,7 @@ def _raise(code: int, optlen: Any) -> None:
 class RDSSocket(RDSSocketBase):
     """An RDS socket served by the userspace stack of this network namespace."""
 
+    __module__ = "pyrds.userspace.client"  # its public home: repr() names it as before the client package
     backend: BackendName = "userspace"
 
     def __init__(self, type: int = socket.SOCK_SEQPACKET, proto: int = 0) -> None:

@@ -6,12 +6,20 @@ import itertools
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pyrds.addr import IPAddress
 from pyrds.constants import RDS_MAX_ZCOOKIES, Transport
-from pyrds.userspace.readiness import Readiness
 
 _inum = itertools.count(1000)
+
+
+class ReadinessSink(Protocol):
+    """Where a socket's poll state goes: the service's readiness fd (the client polls it)."""
+
+    def set_readable(self, flag: bool) -> None: ...
+    def set_writable(self, flag: bool) -> None: ...
+    def close(self) -> None: ...
 
 
 class CongGeneration:
@@ -88,7 +96,7 @@ class SockState:
     zerocopy: bool = False
     zcookies: deque[list[int]] = field(default_factory=deque)
     rx_traces: tuple[int, ...] = ()
-    readiness: Readiness | None = None
+    readiness: ReadinessSink | None = None
     dead: bool = False
     sent_any: bool = False  # rs_conn set (a message was sent)
 
@@ -118,7 +126,7 @@ class SockState:
         """rds_poll's "historical" POLLIN: no RDS_CONG_MONITOR and a map update since the socket last looked.
 
         Only sockets that saw congestion show it on the fd (those are the pollers the kernel wakes through
-        rds_poll_waitq); it is consumed by the socket's next send/recv (:meth:`Stack.cong_look`)."""
+        rds_poll_waitq); it is consumed by the socket's next send/recv (:meth:`CongestionTable.look`)."""
         return not self.cong_monitor and self.seen_congestion and self.cong_updated_since()
 
     def update_readiness(self) -> None:

@@ -9,8 +9,9 @@ import time
 from collections.abc import Sequence
 
 from pyrds import cmsg as builders
-from pyrds.constants import SOL_RDS, CmsgType
-from pyrds.userspace.sockstate import Incoming, SockState
+from pyrds.constants import MSG_ZEROCOPY, SOL_RDS, CmsgType
+from pyrds.userspace.stack.errors import StackError
+from pyrds.userspace.stack.sockstate import Incoming, SockState
 
 _HDR = 16  # sizeof(struct cmsghdr) on 64-bit
 RDMA_ARGS_SIZE = 56
@@ -21,19 +22,11 @@ _ATOMICS = (
     CmsgType.RDS_CMSG_MASKED_ATOMIC_FADD,
     CmsgType.RDS_CMSG_MASKED_ATOMIC_CSWP,
 )
-MSG_ZEROCOPY = 0x4000000
-
-
-class CmsgError(Exception):
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
 
 def check_send(anc: Sequence[tuple[int, int, bytes]], flags: int, zcopy: bool) -> int | None:
     """rds_rdma_bytes + rds_rm_size + rds_cmsg_send for a transport without RDMA (TCP/loop).
 
-    Returns the zerocopy cookie (or None); raises :class:`CmsgError` with the kernel's errno.
+    Returns the zerocopy cookie (or None); raises :class:`StackError` with the kernel's errno.
     """
     groups = 0
     has_cookie = False
@@ -44,7 +37,7 @@ def check_send(anc: Sequence[tuple[int, int, bytes]], flags: int, zcopy: bool) -
             continue
         if kind == CmsgType.RDS_CMSG_RDMA_ARGS:
             if len(data) < RDMA_ARGS_SIZE:
-                raise CmsgError(errno.EINVAL)
+                raise StackError(errno.EINVAL)
             groups |= 1
             rdma_or_atomic = True
         elif kind == CmsgType.RDS_CMSG_ZCOPY_COOKIE:
@@ -55,28 +48,28 @@ def check_send(anc: Sequence[tuple[int, int, bytes]], flags: int, zcopy: bool) -
         elif kind in _ATOMICS:
             groups |= 1
         else:
-            raise CmsgError(errno.EINVAL)
+            raise StackError(errno.EINVAL)
     if flags & MSG_ZEROCOPY and not has_cookie:
-        raise CmsgError(errno.EINVAL)
+        raise StackError(errno.EINVAL)
     if groups == 3:
-        raise CmsgError(errno.EINVAL)
+        raise StackError(errno.EINVAL)
     for level, kind, data in anc:
         if level != SOL_RDS:
             continue
         if kind == CmsgType.RDS_CMSG_RDMA_DEST:
-            raise CmsgError(errno.EINVAL)  # no MR with that r_key can exist without an RDMA transport
+            raise StackError(errno.EINVAL)  # no MR with that r_key can exist without an RDMA transport
         if kind == CmsgType.RDS_CMSG_RDMA_MAP:
-            raise CmsgError(errno.EOPNOTSUPP)  # rds_get_mr: transport has no get_mr
+            raise StackError(errno.EOPNOTSUPP)  # rds_get_mr: transport has no get_mr
         if kind in _ATOMICS:
             if len(data) < ATOMIC_ARGS_SIZE:
-                raise CmsgError(errno.EINVAL)
+                raise StackError(errno.EINVAL)
             rdma_or_atomic = True
         if kind == CmsgType.RDS_CMSG_ZCOPY_COOKIE:
             if len(data) < 4 or not zcopy:
-                raise CmsgError(errno.EINVAL)
+                raise StackError(errno.EINVAL)
             cookie = struct.unpack_from("=I", data)[0]
     if rdma_or_atomic:
-        raise CmsgError(errno.EOPNOTSUPP)
+        raise StackError(errno.EOPNOTSUPP)
     return cookie
 
 

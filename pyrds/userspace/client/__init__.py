@@ -1,0 +1,12 @@
+"""The application side: what runs inside the program that uses a userspace RDS socket.
+
+:mod:`.socket` the ``RDSSocket`` class, :mod:`.autostart` finding (or starting) the namespace's stack service,
+:mod:`.control` stack-wide settings without a socket. It shares only :mod:`pyrds.userspace.rpc` (the wire
+format) and :mod:`pyrds.userspace.config` with the daemon side.
+"""
+
+from __future__ import annotations
+
+from pyrds.userspace.client.socket import RDSSocket
+
+__all__ = ["RDSSocket"]

@@ -1,0 +1,170 @@
+"""The service's operations other than the data path, as a table: :data:`HANDLERS` maps each
+:class:`rpc.Op` to the function that serves it (the binary SEND/RECV records are served in
+:mod:`pyrds.userspace.service.server`).
+
+A handler gets the :class:`Request` and the operation's arguments and returns the result; it fails by raising
+(:class:`~pyrds.userspace.stack.errors.StackError` for an errno). Every operation but those in
+:data:`WITHOUT_SOCKET` needs the connection's RDS socket (EBADF before OPEN); an unknown operation is EINVAL.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyrds.addr import IPAddress
+from pyrds.userspace import rpc
+from pyrds.userspace.service.readiness import Readiness
+from pyrds.userspace.stack import info_tables, sockopts
+from pyrds.userspace.stack.core import Stack
+from pyrds.userspace.stack.errors import StackError
+from pyrds.userspace.stack.sockstate import SockState
+
+__all__ = ["HANDLERS", "WITHOUT_SOCKET", "Request", "dispatch"]
+
+
+@dataclass
+class Request:
+    """One control request: the stack, the connection's socket (None before OPEN; OPEN sets it and the
+    server keeps it for the connection) and the fds to pass back with the reply (SCM_RIGHTS)."""
+
+    stack: Stack
+    rs: SockState | None
+    fds: list[int] = field(default_factory=list)
+
+    @property
+    def sock(self) -> SockState:
+        if self.rs is None:
+            raise StackError(errno.EBADF)
+        return self.rs
+
+
+Handler = Callable[[Request, Any], Any]
+
+
+def _ip(s: str) -> IPAddress:
+    return ipaddress.ip_address(s)
+
+
+def _open(req: Request, _args: Any) -> int:
+    if req.rs is None:
+        req.rs = req.stack.open()
+        ready = req.rs.readiness = Readiness()
+        req.fds.append(ready.client_fd())
+    return req.rs.sock_id
+
+
+def _sysctl_get(req: Request, _args: Any) -> dict[str, int]:
+    return dict(req.stack.config.sysctl)
+
+
+def _sysctl_set(req: Request, args: Any) -> None:
+    name, value = args
+    config = req.stack.config
+    if name not in config.sysctl:
+        raise StackError(errno.ENOENT)
+    config.set_sysctl(name, value)
+    if name in ("rds_tcp_sndbuf", "rds_tcp_rcvbuf"):
+        for transport in req.stack.transports:
+            transport.reset()
+
+
+def _send(req: Request, args: Any) -> int:
+    payload, anc, flags, dest, nonblock = args
+    d = (_ip(dest[0]), dest[1]) if dest is not None else None
+    return req.stack.sendmsg(req.sock, payload, anc, flags, d, nonblock)
+
+
+def _recv(req: Request, args: Any) -> Any:
+    bufsize, ancbufsize, flags, nonblock = args
+    return req.stack.recvmsg(req.sock, bufsize, ancbufsize, flags, nonblock)
+
+
+def _bind(req: Request, args: Any) -> int:
+    host, port, scope = args
+    rs = req.sock
+    req.stack.bind(rs, _ip(host), port, scope)
+    return rs.bound_port
+
+
+def _connect(req: Request, args: Any) -> None:
+    host, port, v6 = args
+    req.stack.connect(req.sock, _ip(host), port, v6)
+
+
+def _getsockname(req: Request, _args: Any) -> tuple[str | None, int, int, str | None]:
+    rs = req.sock
+    return (
+        str(rs.bound_addr) if rs.bound_addr else None,
+        rs.bound_port,
+        rs.scope_id,
+        str(rs.conn_addr) if rs.conn_addr else None,
+    )
+
+
+def _getpeername(req: Request, _args: Any) -> tuple[str, int, int]:
+    rs = req.sock
+    if rs.conn_addr is None:
+        raise StackError(errno.ENOTCONN)
+    return (str(rs.conn_addr), rs.conn_port, rs.scope_id)
+
+
+def _setsockopt(req: Request, args: Any) -> None:
+    level, name, value = args
+    sockopts.setsockopt(req.stack, req.sock, level, name, value)
+
+
+def _getsockopt(req: Request, args: Any) -> Any:
+    level, name, buflen = args
+    return sockopts.getsockopt(req.stack, req.sock, level, name, buflen)
+
+
+def _info(req: Request, args: Any) -> bytes:
+    (info_type,) = args
+    raw, _each = info_tables.table_bytes(req.stack, info_type, 1 << 30)
+    return raw
+
+
+def _set_tos(req: Request, args: Any) -> None:
+    sockopts.set_tos(req.sock, args[0])
+
+
+def _get_tos(req: Request, _args: Any) -> int:
+    return req.sock.tos
+
+
+HANDLERS: dict[rpc.Op, Handler] = {
+    rpc.Op.OPEN: _open,
+    rpc.Op.SYSCTL_GET: _sysctl_get,
+    rpc.Op.SYSCTL_SET: _sysctl_set,
+    rpc.Op.SEND: _send,
+    rpc.Op.RECV: _recv,
+    rpc.Op.BIND: _bind,
+    rpc.Op.CONNECT: _connect,
+    rpc.Op.GETSOCKNAME: _getsockname,
+    rpc.Op.GETPEERNAME: _getpeername,
+    rpc.Op.SETSOCKOPT: _setsockopt,
+    rpc.Op.GETSOCKOPT: _getsockopt,
+    rpc.Op.INFO: _info,
+    rpc.Op.SET_TOS: _set_tos,
+    rpc.Op.GET_TOS: _get_tos,
+}
+#: operations served without an RDS socket (before OPEN, or stack-wide)
+WITHOUT_SOCKET = frozenset({rpc.Op.OPEN, rpc.Op.SYSCTL_GET, rpc.Op.SYSCTL_SET})
+
+
+def dispatch(req: Request, op: Any, args: Any) -> Any:
+    """Serve one operation: EBADF when it needs a socket and there is none, EINVAL when it is unknown."""
+    try:
+        handler = HANDLERS.get(op)
+        needs_socket = op not in WITHOUT_SOCKET
+    except TypeError:  # an unhashable op from a confused client
+        handler, needs_socket = None, True
+    if needs_socket and req.rs is None:
+        raise StackError(errno.EBADF)
+    if handler is None:
+        raise StackError(errno.EINVAL)
+    return handler(req, args)

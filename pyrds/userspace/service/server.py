@@ -1,0 +1,234 @@
+"""The stack service: one per network namespace, serving RDS sockets over AF_UNIX control connections.
+
+It binds the abstract socket ``\\0pyrds-stack-v2`` (``PYRDS_STACK_NAME`` overrides it) and serves until it
+has been idle (no clients, no transport busy) for ``PYRDS_IDLE_EXIT`` seconds (default 5; negative =
+forever). The data path (binary SEND/RECV records) is served here; every other operation goes through the
+table in :mod:`pyrds.userspace.service.handlers`. :class:`Service` can also run embedded (e.g. in a thread)
+for tests: ``bind()``, ``start_tcp()``, ``serve_forever()``, ``stop()``.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import selectors
+import socket
+import struct
+import threading
+import time
+
+from pyrds.addr import IPAddress
+from pyrds.userspace import rpc
+from pyrds.userspace.config import StackConfig, stack_address
+from pyrds.userspace.service.eventloop import SelectorLoop
+from pyrds.userspace.service.handlers import Request, dispatch
+from pyrds.userspace.service.replies import error_reply
+from pyrds.userspace.stack.core import Stack
+from pyrds.userspace.stack.errors import StackError
+from pyrds.userspace.stack.outbox import Outbox
+from pyrds.userspace.stack.sockstate import SockState
+from pyrds.userspace.transports import loop_transport, tcp_transport
+
+__all__ = ["Service"]
+
+log = logging.getLogger("pyrds.userspace.service")
+
+
+class _Control:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.asm = rpc.Reassembler()
+        self.rs: SockState | None = None
+        self.limit = rpc.tune(sock)
+
+
+_packed_ips: dict[bytes, IPAddress] = {}
+_str_packed: dict[str, bytes] = {}
+
+
+def _ip_packed(raw: bytes) -> IPAddress:
+    ip = _packed_ips.get(raw)
+    if ip is None:
+        if len(_packed_ips) > 1024:
+            _packed_ips.clear()
+        ip = _packed_ips[raw] = ipaddress.ip_address(raw)
+    return ip
+
+
+def _packed(host: str) -> bytes:
+    raw = _str_packed.get(host)
+    if raw is None:
+        if len(_str_packed) > 1024:
+            _str_packed.clear()
+        raw = _str_packed[host] = ipaddress.ip_address(host).packed
+    return raw
+
+
+class Service:
+    def __init__(self, stack: Stack | None = None, config: StackConfig | None = None) -> None:
+        self.stack = stack or Stack(config)
+        self.config = self.stack.config
+        self.loop = SelectorLoop()
+        self.listener: socket.socket | None = None
+        self._controls: dict[int, _Control] = {}
+        self._stop = threading.Event()
+        self._idle_since: float | None = time.monotonic()
+        self._rbuf = memoryview(bytearray(rpc.MAX_PACKET + 1))
+        self.stack.attach(loop_transport(self.stack))
+
+    # -- lifetime
+    def bind(self) -> None:
+        """Bind the abstract listener; OSError(EADDRINUSE) when another service already serves this netns."""
+        lsock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            lsock.bind(stack_address(self.config.name))
+        except OSError:
+            lsock.close()
+            raise
+        lsock.listen(128)
+        lsock.setblocking(False)
+        self.listener = lsock
+        self.loop.register(lsock, selectors.EVENT_READ, self._accept)
+
+    def start_tcp(self) -> None:
+        """Attach the RDS/TCP transport and start its listener (OSError: the transport still dials out)."""
+        tcp = tcp_transport(self.stack, self.loop)
+        self.stack.attach(tcp)
+        tcp.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def serve_forever(self) -> None:
+        while not self._stop.is_set():
+            now = self.loop.run_once(0.5)
+            if self._idle_exit_due(now):
+                break
+        self.close()
+
+    def _idle_exit_due(self, now: float) -> bool:
+        if self.config.idle_exit < 0:
+            return False
+        busy = bool(self._controls) or any(t.busy() for t in self.stack.transports)
+        if busy:
+            self._idle_since = None
+            return False
+        if self._idle_since is None:
+            self._idle_since = now
+        return now - self._idle_since >= self.config.idle_exit
+
+    def close(self) -> None:
+        for ctl in list(self._controls.values()):
+            self._drop(ctl)
+        for transport in self.stack.transports:
+            transport.close()
+        if self.listener is not None:
+            self.loop.unregister(self.listener)
+            self.listener.close()
+            self.listener = None
+        self.loop.close()
+
+    # -- control connections
+    def _accept(self, _mask: int) -> None:
+        assert self.listener is not None
+        try:
+            sock, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        sock.setblocking(False)
+        ctl = _Control(sock)
+        self._controls[sock.fileno()] = ctl
+        self.loop.register(sock, selectors.EVENT_READ, lambda _m: self._on_control(ctl))
+
+    def _drop(self, ctl: _Control) -> None:
+        self._controls.pop(ctl.sock.fileno(), None)
+        self.loop.unregister(ctl.sock)
+        if ctl.rs is not None:
+            self.stack.close(ctl.rs)
+            ctl.rs = None
+        ctl.sock.close()
+
+    def _on_control(self, ctl: _Control) -> None:
+        buf = self._rbuf
+        for _ in range(64):
+            try:
+                n = ctl.sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._drop(ctl)
+                return
+            if not n:
+                self._drop(ctl)
+                return
+            try:
+                record = ctl.asm.feed(buf[:n])
+                if record is None:
+                    continue
+                self._handle(ctl, record)
+                # one request at a time per control connection (the client waits for each reply): no
+                # point in another recv that would only say EAGAIN
+                return
+            except (rpc.ConnectionClosed, struct.error, OSError) as exc:
+                log.warning("dropping control connection: %s", exc)
+                self._drop(ctl)
+                return
+
+    def _handle(self, ctl: _Control, record: rpc.Buffer) -> None:
+        """One request: dispatch it, send the reply (errors as their errno, never a dropped connection)."""
+        tag = record[0] if len(record) else -1
+        if tag == rpc.TAG_SEND:
+            self._fast_send(ctl, record)
+            return
+        if tag == rpc.TAG_RECV:
+            self._fast_recv(ctl, record)
+            return
+        op, args = rpc.decode(record)
+        req = Request(self.stack, ctl.rs)
+        try:
+            reply = (0, dispatch(req, op, args))
+        except Exception as exc:
+            reply = error_reply(exc)
+        ctl.rs = req.rs  # OPEN made the connection's socket
+        rpc.send_record(ctl.sock, rpc.encode(reply), req.fds, ctl.limit)
+
+    def _fast_send(self, ctl: _Control, record: rpc.Buffer) -> None:
+        view = memoryview(record)
+        _tag, flags, nonblock, dlen, dport, alen = rpc.SEND_REQ.unpack_from(view)
+        rs = ctl.rs
+        outbox = Outbox()
+        try:
+            off = rpc.SEND_REQ.size
+            dest = (_ip_packed(bytes(view[off : off + dlen])), dport) if dlen else None
+            off += dlen
+            anc = rpc.decode(view[off : off + alen]) if alen else ()
+            payload = bytes(view[off + alen :])  # the one copy: Outgoing keeps it (bytes(bytes) is free)
+            if rs is None:
+                raise StackError(errno.EBADF)
+            n = self.stack.sendmsg(rs, payload, anc, flags, dest, bool(nonblock), outbox)
+            reply = rpc.SEND_REP.pack(0, n)
+        except Exception as exc:
+            reply = rpc.SEND_REP.pack(error_reply(exc)[0], 0)
+        try:
+            rpc.send_parts(ctl.sock, [reply], ctl.limit)
+        finally:  # queued and accounted: it goes out even when the client is gone
+            outbox.flush()
+
+    def _fast_recv(self, ctl: _Control, record: rpc.Buffer) -> None:
+        _tag, bufsize, ancbufsize, flags, nonblock = rpc.RECV_REQ.unpack_from(record)
+        try:
+            if ctl.rs is None:
+                raise StackError(errno.EBADF)
+            data, anc, mflags, src = self.stack.recvmsg(ctl.rs, bufsize, ancbufsize, flags, bool(nonblock))
+        except Exception as exc:
+            rpc.send_parts(ctl.sock, [rpc.RECV_REP.pack(error_reply(exc)[0], 0, 0, 0, 0, 0)], ctl.limit)
+            return
+        raw_anc = rpc.encode(anc) if anc else b""
+        addr = b""
+        port = scope = 0
+        if src is not None:
+            addr = _packed(src[0])
+            port, scope = src[1], src[2]
+        head = rpc.RECV_REP.pack(0, mflags, port, scope, len(addr), len(raw_anc))
+        rpc.send_parts(ctl.sock, [head, addr, raw_anc, data], ctl.limit)

@@ -1,0 +1,183 @@
+"""What a transport is to the stack, and what the stack is to a transport (``struct rds_transport``).
+
+The stack core (sockets, ports, queues, congestion) never does I/O toward a peer. It hands each accepted
+message to a :class:`Transport` and is told back, through the narrow :class:`StackHost` interface, when a
+message arrived (``deliver``), when a sent one was acked (``acked``) and when a peer's congestion map changed.
+A transport never reaches into the stack beyond :class:`StackHost`, and the stack never names a transport's
+classes: it only knows this interface.
+
+Transports that need the daemon's event loop (sockets, timers) get an :class:`EventLoop`.
+
+Adding a transport (RDS/IB, say) means a package under ``pyrds/userspace/transports/`` implementing
+:class:`Transport`, and one line in the service that attaches it to the stack.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterable
+from typing import NamedTuple, Protocol
+
+from pyrds.addr import IPAddress
+from pyrds.constants import Transport as TransportType
+from pyrds.userspace.config import StackConfig
+from pyrds.userspace.proto.cong import CongestionMap
+from pyrds.userspace.stack.sockstate import Incoming, Outgoing
+
+__all__ = [
+    "ConnectionRow",
+    "EventLoop",
+    "HashKey",
+    "MessageRow",
+    "StackHost",
+    "TcpSocketRow",
+    "Transport",
+    "select_transport",
+]
+
+#: what picks a message's path: (the sending socket's bound port, its ``rs_hash_initval``)
+HashKey = tuple[int, int]
+#: a callback of the event loop: called with the ready mask (``selectors.EVENT_READ`` / ``EVENT_WRITE``)
+IoCallback = Callable[[int], None]
+
+
+class ConnectionRow(NamedTuple):
+    """One connection for RDS_INFO_CONNECTIONS / RDS6_INFO_CONNECTIONS."""
+
+    next_tx_seq: int
+    next_rx_seq: int
+    laddr: IPAddress
+    faddr: IPAddress
+    transport: str  # the name the kernel shows ("loopback", "tcp")
+    flags: int  # InfoConnectionFlag bits
+    tos: int
+
+
+class MessageRow(NamedTuple):
+    """One message for RDS_INFO_SEND_MESSAGES / RDS_INFO_RETRANS_MESSAGES (and the RDS6 tables)."""
+
+    seq: int
+    length: int
+    laddr: IPAddress
+    faddr: IPAddress
+    lport: int
+    fport: int
+    tos: int
+
+
+class TcpSocketRow(NamedTuple):
+    """One TCP socket for RDS_INFO_TCP_SOCKETS / RDS6_INFO_TCP_SOCKETS."""
+
+    laddr: IPAddress
+    lport: int
+    faddr: IPAddress
+    fport: int
+    hdr_rem: int
+    data_rem: int
+    last_sent_nxt: int
+    last_expected_una: int
+    last_seen_una: int
+
+
+class EventLoop(Protocol):
+    """The daemon's event loop as a transport uses it (the service implements it)."""
+
+    def register(self, sock: socket.socket, events: int, cb: IoCallback) -> None: ...
+    def modify(self, sock: socket.socket, events: int, cb: IoCallback) -> None: ...
+    def unregister(self, sock: socket.socket) -> None: ...
+    def call_later(self, delay: float, cb: Callable[[], None]) -> None: ...
+
+
+class StackHost(Protocol):
+    """The upcalls a transport may make into the stack (the kernel's ``/* recv.c */ rds_recv_incoming``,
+    ``/* send.c */ rds_send_drop_acked``, ``/* cong.c */ rds_cong_map_updated`` ...), and nothing else."""
+
+    @property
+    def config(self) -> StackConfig:
+        """Sysctls, ports and buffer defaults of this stack."""
+        ...
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """The stack's statistics (RDS_INFO_COUNTERS names and the userspace extras), updated in place."""
+        ...
+
+    def deliver(self, inc: Incoming) -> None:
+        """A message arrived (after the transport's sequence checks): queue it for its socket."""
+
+    def acked(self, msg: Outgoing) -> None:
+        """A sent message will never be sent again: release its send-buffer bytes."""
+
+    def is_local(self, ip: IPAddress, scope_id: int = 0) -> bool:
+        """Whether ``ip`` is an address of this node (namespace)."""
+        ...
+
+    def local_cong_map(self, laddr: IPAddress) -> CongestionMap:
+        """The congestion map of local address ``laddr``, shared by every connection from it (send it)."""
+        ...
+
+    def peer_cong_map(self, faddr: IPAddress, cmap: CongestionMap) -> None:
+        """A peer's congestion map arrived: it replaces our copy and wakes the sockets waiting on it."""
+
+    def cong_updated(self, portmask: int) -> None:
+        """``rds_cong_map_updated``: a map changed for the ports in ``portmask`` (without replacing one)."""
+
+
+class Transport(Protocol):
+    """One way of reaching peers (``struct rds_transport``).
+
+    Connections are the transport's business: it connects (or accepts) on demand when :meth:`transmit` needs a
+    peer, reconnects and retransmits as its protocol says, and reports through :class:`StackHost`.
+    """
+
+    #: ``SO_RDS_TRANSPORT`` value (``t_type``)
+    kind: TransportType
+    #: ``t_prefer_loopback``: destinations local to the node go to the loop transport instead
+    prefer_loopback: bool
+    #: transmit completes inside the call (no I/O: delivered and acked at once); otherwise the send path may
+    #: hand the message over after it replied to the sender (:class:`pyrds.userspace.stack.outbox.Outbox`)
+    immediate: bool
+
+    def start(self) -> None:
+        """Begin accepting connections from peers (a listener); OSError when that is impossible."""
+
+    def transmit(self, msg: Outgoing, hash_key: HashKey) -> None:
+        """Queue ``msg`` toward ``msg.daddr``; ``hash_key`` picks the path of a multipath connection."""
+
+    def cancel(self, msg: Outgoing) -> None:
+        """The sender no longer waits for ``msg`` (RDS_CANCEL_SENT_TO, close): drop it if it is not on the
+        wire yet, stop accounting it otherwise."""
+
+    def cong_map_changed(self, laddr: IPAddress) -> None:
+        """The local map of ``laddr`` changed: tell every peer connected from ``laddr``."""
+
+    def reset(self) -> None:
+        """Drop every connection (``rds_tcp_skbuf_handler``); what the peers sent before is still read."""
+
+    def busy(self) -> bool:
+        """Connections are open or messages queued: the stack must not exit while this holds."""
+        ...
+
+    def close(self) -> None:
+        """Stop: close the listener and every connection."""
+
+    def info_connections(self) -> Iterable[ConnectionRow]: ...
+    def info_messages(self, retransmit_only: bool) -> Iterable[MessageRow]: ...
+    def info_tcp_sockets(self) -> Iterable[TcpSocketRow]: ...
+
+
+def select_transport(transports: Iterable[Transport], local_dest: bool) -> Transport | None:
+    """``rds_trans_get_preferred`` + ``t_prefer_loopback``: the transport for a destination, None for none.
+
+    A destination local to the node goes to the loop transport when the network transport prefers loopback (or
+    there is none); any other destination goes to the first network transport."""
+    loop: Transport | None = None
+    network: Transport | None = None
+    for t in transports:
+        if t.kind == TransportType.LOOP:
+            loop = loop or t
+        else:
+            network = network or t
+    if local_dest and (network is None or network.prefer_loopback):
+        return loop
+    return network

@@ -1,0 +1,72 @@
+"""Socket-level helpers of the TCP transport: tuning (``rds_tcp_tune``), SIOCOUTQ, path source ports."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import random
+import socket
+import struct
+import termios
+
+from pyrds.userspace.proto.pathset import dial_port, sport_idx_ports
+
+__all__ = ["bind_path_port", "local_port_range", "tune", "unacked_bytes"]
+
+_OUTQ = struct.Struct("i")
+
+
+def tune(s: socket.socket, sndbuf: int = 0, rcvbuf: int = 0) -> None:
+    """TCP_NODELAY, keepalive 5s/5/5s, rds_tcp_sndbuf/rcvbuf (rds_tcp_tune, rds_tcp_keepalive)."""
+    if sndbuf > 0:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    if rcvbuf > 0:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 5)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 5)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
+
+
+def unacked_bytes(s: socket.socket) -> int | None:
+    """SIOCOUTQ: bytes written to ``s`` that the peer's TCP has not acked (a FIN counts); None on error."""
+    try:
+        outq: int = _OUTQ.unpack(fcntl.ioctl(s.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return None
+    return outq
+
+
+def local_port_range() -> tuple[int, int]:
+    """``net.ipv4.ip_local_port_range`` of this namespace (32768..60999 if unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split()[:2])
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def bind_path_port(s: socket.socket, laddr: str, index: int) -> None:
+    """Bind a source port that names the path, ``port % 8 == index``: a tagged one
+    (:func:`pyrds.userspace.proto.pathset.dial_port`, which a pyrds acceptor also pairs by index before any
+    handshake), else, like 7.x ``rds_tcp_conn_path_connect``, any port of the local range with that residue
+    (a 7.x or pyrds acceptor that saw SPORT_IDX pairs by ``port % npaths``; a 6.1 acceptor ignores the port
+    and takes the first free path). EADDRINUSE when every such port is taken (the dial is retried later)."""
+    for _ in range(32):
+        try:
+            s.bind((laddr, dial_port(random.getrandbits(16), index)))
+            return
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    low, high = local_port_range()
+    for port in sport_idx_ports(index, low, high, random.getrandbits(16)):
+        try:
+            s.bind((laddr, port))
+            return
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, "no free source port naming the path")

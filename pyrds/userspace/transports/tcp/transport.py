@@ -1,0 +1,192 @@
+"""The RDS/TCP transport (net/rds/tcp*.c): the listener on port 16385 and one
+:class:`~pyrds.userspace.transports.tcp.conn.TcpConn` per (laddr, faddr), each with its paths.
+
+What each part holds: :mod:`.conn` the dial rule, multipath and path pairing of one connection; :mod:`.path`
+one TCP socket driven by the sans-IO :class:`~pyrds.userspace.proto.path.PathEngine`; :mod:`.sockopt` the
+socket tuning and source-port helpers. This module is what the stack sees: the
+:class:`~pyrds.userspace.stack.transport.Transport` interface.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterable
+
+from pyrds.addr import IPAddress
+from pyrds.constants import RDS_FLAG_PROBE_PORT, InfoConnectionFlag
+from pyrds.constants import Transport as TransportType
+from pyrds.userspace.proto.path import PathState
+from pyrds.userspace.stack.ports import normalize
+from pyrds.userspace.stack.sockstate import Outgoing
+from pyrds.userspace.stack.transport import (
+    ConnectionRow,
+    EventLoop,
+    HashKey,
+    MessageRow,
+    StackHost,
+    TcpSocketRow,
+)
+from pyrds.userspace.transports.tcp.conn import TcpConn
+from pyrds.userspace.transports.tcp.path import R
+
+__all__ = ["TcpTransport"]
+
+
+class TcpTransport:
+    kind = TransportType.TCP
+    prefer_loopback = True  # rds_tcp_transport.t_prefer_loopback
+    immediate = False
+
+    def __init__(self, host: StackHost, loop: EventLoop) -> None:
+        self.host = host
+        self.loop = loop
+        self.conns: dict[tuple[IPAddress, IPAddress], TcpConn] = {}
+        self.listener: socket.socket | None = None
+        self.closed = False
+
+    def start(self) -> None:
+        """Dual-stack listener on [::]:PYRDS_TCP_PORT with SO_REUSEADDR (rds_tcp_listen_init)."""
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        try:
+            s.bind(("::", self.host.config.tcp_port))
+            s.listen(64)
+        except OSError:
+            s.close()
+            raise
+        s.setblocking(False)
+        self.listener = s
+        self.loop.register(s, R, self._accept)
+
+    def conn(self, laddr: IPAddress, faddr: IPAddress) -> TcpConn:
+        key = (normalize(laddr), normalize(faddr))
+        c = self.conns.get(key)
+        if c is None:
+            c = self.conns[key] = TcpConn(self.host, self.loop, *key, stopped=lambda: self.closed)
+        return c
+
+    def _accept(self, _mask: int) -> None:
+        assert self.listener is not None
+        try:
+            s, peer = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        s.setblocking(False)
+        try:
+            faddr = normalize(ipaddress.ip_address(peer[0].split("%")[0]))
+            laddr = normalize(ipaddress.ip_address(s.getsockname()[0].split("%")[0]))
+        except (OSError, ValueError):
+            s.close()
+            return
+        if laddr == faddr or self.host.is_local(faddr):
+            self.host.counters["tcp_accept_refused"] += 1  # a peer address local to this node
+            s.close()
+            return
+        c = self.conn(laddr, faddr)
+        if c.owner:  # a doorbell: we own the connection, make sure we dial
+            s.close()
+            c.advance()
+            return
+        c.accept(s, int(peer[1]))
+
+    # -- the Transport interface
+    def transmit(self, msg: Outgoing, hash_key: HashKey) -> None:
+        c = self.conn(msg.saddr, msg.daddr)
+        if msg.sport == 0 or msg.sport == RDS_FLAG_PROBE_PORT:
+            c.paths[0].queue(msg)
+        else:
+            c.path_for(hash_key).queue(msg)
+
+    def cong_map_changed(self, laddr: IPAddress) -> None:
+        for (la, _fa), c in self.conns.items():
+            if la == laddr:
+                c.paths[0].engine.queue_cong_map()
+                c.paths[0].flush()
+
+    def cancel(self, msg: Outgoing) -> None:
+        for c in self.conns.values():
+            for p in c.paths:
+                p.cancel(msg)
+
+    def reset(self) -> None:
+        """Drop every TCP path (like writing net.rds.tcp.rds_tcp_sndbuf), gracefully: what the peer sent
+        before is still read; owners reconnect and retransmit."""
+        for c in self.conns.values():
+            for p in c.paths:
+                p.begin_close()
+
+    def busy(self) -> bool:
+        return any(
+            p.engine.queued_msgs or p.staged or p.sock is not None
+            for c in self.conns.values()
+            for p in c.paths
+        )
+
+    def close(self) -> None:
+        self.closed = True
+        for c in self.conns.values():
+            c.close()
+        if self.listener is not None:
+            self.loop.unregister(self.listener)
+            self.listener.close()
+            self.listener = None
+
+    # -- info tables
+    def info_connections(self) -> Iterable[ConnectionRow]:
+        rows: list[ConnectionRow] = []
+        for c in self.conns.values():
+            p = c.paths[0]
+            st = p.engine.state
+            flags = (InfoConnectionFlag.CONNECTED if st == PathState.UP else 0) | (
+                InfoConnectionFlag.CONNECTING if st == PathState.CONNECTING else 0
+            )
+            if p.outbuf:
+                flags |= InfoConnectionFlag.SENDING
+            engine = p.engine
+            rows.append(
+                ConnectionRow(engine.next_tx_seq, engine.next_rx_seq, c.laddr, c.faddr, "tcp", int(flags), 0)
+            )
+        return rows
+
+    def info_messages(self, retransmit_only: bool) -> Iterable[MessageRow]:
+        rows: list[MessageRow] = []
+        for c in self.conns.values():
+            for p in c.paths:
+                src = p.engine.unacked if retransmit_only else p.engine.unsent + p.engine.unacked
+                rows.extend(MessageRow(m.seq, m.length, c.laddr, c.faddr, m.sport, m.dport, 0) for m in src)
+                if not retransmit_only:  # staged messages get the next sequence numbers in the engine
+                    nxt = p.engine.next_tx_seq
+                    rows.extend(
+                        MessageRow(nxt + i, len(m.payload), c.laddr, c.faddr, m.sport, m.dport, 0)
+                        for i, m in enumerate(p.staged)
+                    )
+        return rows
+
+    def info_tcp_sockets(self) -> Iterable[TcpSocketRow]:
+        rows: list[TcpSocketRow] = []
+        for c in self.conns.values():
+            for p in c.paths:
+                if p.sock is None:
+                    continue
+                try:
+                    la, lp = p.sock.getsockname()[:2]
+                    pa, pp = p.sock.getpeername()[:2]
+                except OSError:
+                    continue
+                f = p.engine.framer
+                rows.append(
+                    TcpSocketRow(
+                        normalize(ipaddress.ip_address(la)),
+                        lp,
+                        normalize(ipaddress.ip_address(pa)),
+                        pp,
+                        f.hdr_rem,
+                        f.data_rem,
+                        p.engine.tx_bytes & 0xFFFFFFFF,
+                        0,
+                        0,
+                    )
+                )
+        return rows
