@@ -8,7 +8,6 @@ backend (an RDS/TCP stack shared by the processes of a network namespace). Both 
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 from typing import Literal
 
 from pyrds.api import RDSSocketBase
@@ -35,13 +34,25 @@ DISTRIBUTION = "linux-rds"  # the PyPI name `pyrds` belongs to another project
 
 def _version() -> str:
     """The installed distribution's version; a checkout used without installing says so."""
+    import importlib.metadata  # ~1.5 s in a TCG guest: only when someone asks for the version
+
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return "0+unknown"
 
 
-__version__: str = _version()
+__version__: str
+
+
+def __getattr__(name: str) -> str:
+    """``pyrds.__version__``, looked up on first use (PEP 562): importing pyrds must stay cheap, since every
+    CLI call, stack service and test agent imports it."""
+    if name == "__version__":
+        version = _version()
+        globals()["__version__"] = version
+        return version
+    raise AttributeError(f"module 'pyrds' has no attribute {name!r}")
 
 
 def kernel_available() -> bool:

@@ -23,9 +23,9 @@ SOCK_DGRAM sockets (3.13 accepts any non-stream socket; then it is used as is).
 
 Sending never waits for a congested destination: a non-blocking RDS socket gets ENOBUFS (both backends, as
 the kernel does), and so does the awaitable ``send``; retry later, or watch congestion updates
-(``SO_RDS_CONG_MONITOR`` / ``RDS_CMSG_CONG_UPDATE``). Notifications (congestion updates, RDMA status,
-zerocopy completions) are ancillary data: ``await sock.recvmsg(bufsize, ancbufsize)`` and
-:mod:`pyrds.cmsg` to parse them.
+(``RDS_CONG_MONITOR``). Notifications (congestion updates, RDMA status, zerocopy completions) arrive as
+ancillary data, on their own (0 bytes, no address) or with a message: ``await sock.recv_message()`` returns
+them parsed (:mod:`pyrds.cmsg` records such as ``CongUpdate``, ``RdmaNotify``, ``ZcopyCompletion``).
 """
 
 from __future__ import annotations
@@ -34,15 +34,29 @@ import asyncio
 import sys
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, Self, TypeVar, overload
+from typing import Any, NamedTuple, Self, TypeVar, overload
 
+from pyrds import cmsg
 from pyrds.addr import SockAddr
 from pyrds.api import AncData, RDSSocketBase, ReadableBuffer, WritableBuffer
 
 T = TypeVar("T")
 P = TypeVar("P", bound=asyncio.DatagramProtocol)
 
-__all__ = ["AsyncRDSSocket", "create_datagram_endpoint", "wait_io"]
+__all__ = ["AsyncRDSSocket", "Message", "create_datagram_endpoint", "wait_io"]
+
+RDS_MAX_MSG = 1 << 20  # RDS_MAX_MSG_SIZE: a receive of this size is never truncated
+
+
+class Message(NamedTuple):
+    """What one receive returned: the payload, the notifications and other ancillary data parsed by
+    :func:`pyrds.cmsg.parse_ancdata` (``CongUpdate``, ``RdmaNotify``, ``ZcopyCompletion``, ``RdmaDest``,
+    ``Timestamp``, ...), the MSG_* flags and the sender (None for a notification on its own)."""
+
+    data: bytes
+    notes: list[Any]
+    flags: int
+    address: SockAddr | None
 
 
 async def wait_io(sock: RDSSocketBase, call: Callable[[], T], write: bool = False) -> T:
@@ -141,6 +155,13 @@ class AsyncRDSSocket:
         self, bufsize: int, ancbufsize: int = 0, flags: int = 0
     ) -> tuple[bytes, AncData, int, Any]:
         return await wait_io(self.sock, lambda: self.sock.recvmsg(bufsize, ancbufsize, flags))
+
+    async def recv_message(
+        self, bufsize: int = RDS_MAX_MSG, ancbufsize: int = 1024, flags: int = 0
+    ) -> Message:
+        """The next message or notification, with its ancillary data parsed (see :class:`Message`)."""
+        data, anc, mflags, addr = await self.recvmsg(bufsize, ancbufsize, flags)
+        return Message(data, cmsg.parse_ancdata(anc), mflags, addr)
 
     # -- send
     async def send(self, data: ReadableBuffer, flags: int = 0) -> int:

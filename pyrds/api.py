@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import builtins
 import errno
+import operator
 import os
 import socket as _socket
 from collections.abc import Iterable, Sequence
@@ -142,18 +143,23 @@ class RDSSocketBase(abc.ABC):
     def recv_into(self, buffer: WritableBuffer, nbytes: int = 0, flags: int = 0) -> int:
         """Receive one message into ``buffer`` (its first ``nbytes``, 0 = all of it); the number of bytes
         stored. A longer message is truncated to the buffer, as with the stdlib on SOCK_SEQPACKET."""
-        return self.recvfrom_into(buffer, nbytes, flags)[0]
+        return self._recv_into("recv_into", buffer, nbytes, flags)[0]
 
     def recvfrom_into(self, buffer: WritableBuffer, nbytes: int = 0, flags: int = 0) -> tuple[int, SockAddr]:
         """``recv_into`` that also returns the sender's address."""
-        view = _writable_view(buffer)
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool):
-            raise TypeError(f"'{type(nbytes).__name__}' object cannot be interpreted as an integer")
+        return self._recv_into("recvfrom_into", buffer, nbytes, flags)
+
+    def _recv_into(self, name: str, buffer: Any, nbytes: Any, flags: int) -> tuple[int, SockAddr]:
+        # the stdlib's argument checks and messages, before anything is received
+        view = _writable_view(name, buffer)
+        nbytes = operator.index(nbytes)
         if nbytes < 0:
-            raise ValueError("negative buffersize in recvfrom_into")
+            raise ValueError(f"negative buffersize in {name}")
         if nbytes == 0:
             nbytes = len(view)
         elif nbytes > len(view):
+            if name == "recv_into":
+                raise ValueError("buffer too small for requested bytes")
             raise ValueError("nbytes is greater than the length of the buffer")
         data, _anc, _flags, addr = self.recvmsg(nbytes, 0, flags)
         n = min(len(data), nbytes)
@@ -289,16 +295,13 @@ class RDSSocketBase(abc.ABC):
         self.close()
 
 
-def _writable_view(buffer: Any) -> memoryview:
+def _writable_view(name: str, buffer: Any) -> memoryview:
     """A writable byte view of ``buffer``, with the stdlib's TypeError for anything else."""
+    message = f"{name}() argument 1 must be read-write bytes-like object, not {type(buffer).__name__}"
     try:
         view = memoryview(buffer)
     except TypeError:
-        raise TypeError(
-            f"recv_into() argument 'buffer' must be read-write bytes-like object, not {type(buffer).__name__}"
-        ) from None
+        raise TypeError(message) from None
     if view.readonly:
-        raise TypeError(
-            f"recv_into() argument 'buffer' must be read-write bytes-like object, not {type(buffer).__name__}"
-        )
+        raise TypeError(message)
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view

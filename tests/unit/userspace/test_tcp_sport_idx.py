@@ -86,13 +86,19 @@ def connect_from(port: int, peers: list[socket.socket]) -> socket.socket:
     return ours
 
 
-def make_conn(owner: bool) -> tuple[TcpConn, FakeSvc, Stack]:
+def make_conn_and_transport(owner: bool) -> tuple[TcpConn, FakeSvc, Stack, TcpTransport]:
+    """A connection of a TCP transport that is not attached to its stack (the stack sends nothing to it)."""
     stack = Stack()
     svc = FakeSvc()
     stack.attach(loop_transport(stack))
     mgr = TcpTransport(stack, svc)
     conn = mgr.conn(SMALL, LARGE) if owner else mgr.conn(LARGE, SMALL)
     assert conn.owner == owner
+    return conn, svc, stack, mgr
+
+
+def make_conn(owner: bool) -> tuple[TcpConn, FakeSvc, Stack]:
+    conn, svc, stack, _tcp = make_conn_and_transport(owner)
     return conn, svc, stack
 
 
@@ -346,3 +352,26 @@ def test_messages_of_the_7x_probe_are_not_delivered() -> None:
     a.send_probe()
     b.feed(a.bytes_to_send(), 2.0)
     assert PongReceived(1) in a.feed(b.bytes_to_send(), 3.0)
+
+
+def test_a_local_map_change_goes_out_on_every_live_path(peers: list[socket.socket]) -> None:
+    """Each path carried the map as it was at its connect; a change is written on all of them, so the newest
+    map is the last one on every path whatever order the peer reads its paths in (a connect-time map delayed
+    on path k must not undo path 0's newer one)."""
+    conn, _svc, stack, tcp = make_conn_and_transport(owner=False)
+    port0 = kernel_port(0)
+    conn.accept(connect_from(port0, peers), port0)
+    arrive(conn.paths[0], peers[0], PROBE_7X)
+    for index in range(1, 8):
+        port = kernel_port(index)
+        conn.accept(connect_from(port, peers), port)
+    dialers = {index: peers[index] for index in range(8)}
+    for index, dialer in dialers.items():  # the connect-time maps (and path 0's pong)
+        want = 2 if index == 0 else 1
+        assert sum(1 for h in read_frames(dialer, want) if h.flags == 1) == 1
+    stack.attach(tcp)  # the stack pushes local map changes to its TCP transport
+    stack.cong.set_local(LARGE, 4000, True)
+    for index, dialer in dialers.items():
+        frames = read_frames(dialer, 1)
+        assert [h.flags for h in frames] == [1], (index, frames)
+        assert frames[0].length == RDS_CONG_MAP_BYTES

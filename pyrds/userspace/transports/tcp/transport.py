@@ -100,10 +100,19 @@ class TcpTransport:
             c.path_for(hash_key).queue(msg)
 
     def cong_map_changed(self, laddr: IPAddress) -> None:
+        """rds_cong_queue_updates: the map goes out on path 0 and, unlike the kernel, on every other path
+        with a live connection too. Every path carried the map as it was when it connected (the kernel sets
+        c_map_queued on each path's connect), and the peer reads its paths independently: a connect-time map
+        delayed on path k (a TCP retransmission under loss) can be applied after path 0's newer one, leaving
+        the peer with a stale congested bit and its sender on ENOBUFS for good (seen with 7.3 under netem).
+        With the newest map last on every path, whatever order the peer reads them in, it ends current."""
         for (la, _fa), c in self.conns.items():
-            if la == laddr:
-                c.paths[0].engine.queue_cong_map()
-                c.paths[0].flush()
+            if la != laddr:
+                continue
+            for p in c.paths:
+                if p.index == 0 or p.sock is not None:
+                    p.engine.queue_cong_map()
+                    p.flush()
 
     def cancel(self, msg: Outgoing) -> None:
         for c in self.conns.values():
