@@ -36,6 +36,8 @@ log = logging.getLogger("pyrds.userspace.service")
 
 
 class _Control:
+    """One control connection: its socket, record reassembly and the RDS socket it serves (after OPEN)."""
+
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.asm = rpc.Reassembler()
