@@ -1,10 +1,21 @@
-"""The native backend: an AF_RDS socket driven through libc with ctypes.
+"""The native backend: an AF_RDS socket of the running kernel, driven through the stdlib's C socket code.
 
-Timeouts work like CPython's socket module: ``settimeout(None)`` leaves the fd blocking; ``settimeout(0)``
-makes it non-blocking (EAGAIN raises ``BlockingIOError``); ``settimeout(t > 0)`` makes the fd non-blocking
-and each call retries after ``poll()`` until the deadline, then raises ``TimeoutError("timed out")`` (errno
-None, exactly what CPython raises). Kernel errors (ENOBUFS for a congested peer, ENOTCONN, ...) pass through
-as ``OSError(errno, strerror)``. The userspace backend must behave the same way.
+Every data call (``send``, ``sendto``, ``sendmsg``, ``recv``, ``recvfrom``, ``recvmsg``, ``recv_into``,
+``recvfrom_into``) runs in CPython's ``_socket`` module on two *views* of the one AF_RDS fd: an AF_INET view
+(CPython builds a ``sockaddr_in`` from ``(host, port)``) and an AF_INET6 view (a ``sockaddr_in6`` from a
+4-tuple, and a name buffer large enough that a received IPv6 source comes back as ``(host, port, flowinfo,
+scope_id)``; CPython decodes a name by its ``sa_family``, so IPv4 sources stay 2-tuples). The views never own
+the fd: the :class:`RDSSocket` does, closes it once, and detaches both views first. ``send`` and ``recvmsg``
+*are* the C methods (bound per socket); the others add one check around them (the address route of
+``sendto``/``sendmsg``, cached per destination; ``MSG_TRUNC``, where CPython's ``recv``/``recvfrom`` would
+return a buffer grown to the full message length and ``recv_into`` the full length). ctypes remains for what
+the stdlib cannot do: getsockopt buffers over 1024 bytes and the RDS_INFO tables (pyrds/kernel/libc.py).
+
+Timeouts are CPython's own (both views carry the same timeout): ``settimeout(None)`` leaves the fd blocking;
+``settimeout(0)`` makes it non-blocking (EAGAIN raises ``BlockingIOError``); ``settimeout(t > 0)`` makes the
+fd non-blocking and each call polls until the deadline, then raises ``TimeoutError("timed out")`` (errno
+None). Kernel errors (ENOBUFS for a congested peer, ENOTCONN, ...) pass through as ``OSError(errno,
+strerror)``. The userspace backend must behave the same way.
 """
 
 from __future__ import annotations
@@ -15,65 +26,184 @@ import fcntl
 import math
 import os
 import socket as _socket
-import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+import struct
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from pyrds import info as _info
-from pyrds import uapi
-from pyrds.addr import RDSAddress, SockAddr, parse_address
-from pyrds.api import AncData, BackendName, RDSSocketBase, os_error
+from pyrds.addr import SockAddr, parse_address
+from pyrds.api import AncData, BackendName, RDSSocketBase, ReadableBuffer, WritableBuffer, os_error
 from pyrds.constants import AF_RDS, SIOCRDSGETTOS, SIOCRDSSETTOS, SOL_RDS
 from pyrds.kernel import libc
 
-T = TypeVar("T")
-
 _MAX_INFO_ATTEMPTS = 16
+_MSG_TRUNC = int(_socket.MSG_TRUNC)
+_STDLIB_OPTLEN_MAX = 1024  # CPython's getsockopt refuses larger buffers
+_NOARG: Any = object()
 
 
-def _sockaddr(addr: RDSAddress) -> uapi.sockaddr_in | uapi.sockaddr_in6:
-    if addr.ip.version == 6:
-        return uapi.make_sockaddr_in6(str(addr.ip), addr.port, addr.flowinfo, addr.scope_id)
-    return uapi.make_sockaddr_in(str(addr.ip), addr.port)
+class _View(_socket.socket):
+    """A stdlib socket object on an fd it does not own: finalizing it never closes the fd (the owning
+    :class:`RDSSocket` detaches it before closing)."""
+
+    __slots__ = ()
+
+    def __del__(self) -> None:
+        self.detach()
 
 
-def _decode_name(raw: bytes) -> SockAddr:
-    if len(raw) >= 2 and int.from_bytes(raw[:2], "little") == _socket.AF_UNSPEC:
-        # the kernel reports AF_UNSPEC for an unbound, unconnected socket
-        return ("0.0.0.0", 0)
-    return uapi.parse_sockaddr(raw)
+# Validated destinations: the user's address (exact str/int types, a literal IP host) -> (IPv6?, the numeric
+# tuple CPython parses into the same sockaddr bytes as parse_address + make_sockaddr_in[6] did). Names that
+# need resolving are never cached (their address may change). Bounded: cleared when full.
+_ROUTES: dict[tuple[Any, ...], tuple[bool, SockAddr]] = {}
+_ROUTES_MAX = 4096
 
 
-def _as_bytes(obj: Any, what: str) -> memoryview:
-    try:
-        mv = memoryview(obj)
-    except TypeError:
-        raise TypeError(f"{what} must be a bytes-like object, not {type(obj).__name__}") from None
-    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+def _exact(address: Any) -> bool:
+    """``address`` is a tuple of exactly str, int[, int, int]: equal tuples then mean equal addresses (a bool
+    port compares equal to 0/1 but parse_address refuses it)."""
+    if type(address) is not tuple:
+        return False
+    n = len(address)
+    if n == 2:
+        return type(address[0]) is str and type(address[1]) is int
+    if n == 4:
+        return (
+            type(address[0]) is str
+            and type(address[1]) is int
+            and type(address[2]) is int
+            and type(address[3]) is int
+        )
+    return False
 
 
-def _buffer_address(mv: memoryview, keep: list[Any]) -> int | None:
-    """Address of the caller's bytes without copying (MSG_ZEROCOPY sends straight from them, so the caller
-    must keep them unchanged until the completion, as in C); read-only non-bytes buffers are copied."""
-    if not len(mv):
-        return None
-    if not mv.readonly:
-        cbuf = (ctypes.c_char * len(mv)).from_buffer(mv)
-        keep.append(cbuf)
-        return ctypes.addressof(cbuf)
-    if isinstance(mv.obj, bytes) and mv.contiguous and mv.nbytes == len(mv.obj):
-        ptr = ctypes.cast(ctypes.c_char_p(mv.obj), ctypes.c_void_p).value
-        keep.append(mv.obj)
-        return ptr
-    copy = ctypes.create_string_buffer(mv.tobytes(), len(mv))
-    keep.append(copy)
-    return ctypes.addressof(copy)
+def route(address: Any) -> tuple[bool, SockAddr]:
+    """``(is IPv6, numeric address)`` for a user-supplied RDS address; TypeError/ValueError/OverflowError
+    exactly as :func:`pyrds.addr.parse_address`. The numeric address gives CPython's AF_INET/AF_INET6
+    parsing the very ``sockaddr_in``/``sockaddr_in6`` the ctypes path built (IPv6 hosts go through
+    ``inet_pton`` as before, so a ``%scope`` host still fails the same way)."""
+    exact = _exact(address)
+    if exact:
+        hit = _ROUTES.get(address)
+        if hit is not None:
+            return hit
+    a = parse_address(address)
+    if a.ip.version == 6:
+        host = _socket.inet_ntop(_socket.AF_INET6, _socket.inet_pton(_socket.AF_INET6, str(a.ip)))
+        result: tuple[bool, SockAddr] = (True, (host, a.port, a.flowinfo, a.scope_id))
+    else:
+        result = (False, (str(a.ip), a.port))
+    host_arg = address[0]
+    if exact and host_arg and host_arg == result[1][0]:  # a literal, canonical IP: no name was resolved
+        if len(_ROUTES) >= _ROUTES_MAX:
+            _ROUTES.clear()
+        _ROUTES[address] = result
+    return result
 
 
 def _check_int(value: Any, what: str) -> int:
     if not isinstance(value, int):
         raise TypeError(f"{what} must be int, not {type(value).__name__}")
     return int(value)
+
+
+def _check_ancdata(ancdata: Iterable[Any]) -> list[tuple[int, int, Any]]:
+    items = list(ancdata)
+    for item in items:
+        if not isinstance(item, tuple) or len(item) != 3:
+            raise TypeError("ancillary data items must be (level, type, data) tuples")
+        _check_int(item[0], "level")
+        _check_int(item[1], "type")
+    return items
+
+
+def _data_calls(v4: _View, v6: _View) -> dict[str, Any]:
+    """The data calls of one socket as closures over its two views' C methods (no ``self``: the closures live
+    in the instance's ``__dict__`` and must not make a reference cycle through it). Each adds to the stdlib
+    call only what keeps pyrds's behaviour: the address route (cached for the last destination object), and
+    the ``MSG_TRUNC`` clamp."""
+    send4, send6 = v4.sendto, v6.sendto
+    sendmsg4, sendmsg6 = v4.sendmsg, v6.sendmsg
+    recv6, recvfrom6 = v6.recv, v6.recvfrom
+    recv_into6, recvfrom_into6 = v6.recv_into, v6.recvfrom_into
+    # the last destination object (a tuple of exact types, so immutable), its view's sendto/sendmsg and the
+    # numeric tuple CPython parses into the same sockaddr bytes
+    noarg = last = _NOARG  # (a closure cell is read faster than a global)
+    zero = 0
+    last_send: Any = send4
+    last_sendmsg: Any = sendmsg4
+    last_addr: Any = None
+
+    def _learn(address: Any) -> tuple[Any, Any, SockAddr]:
+        nonlocal last, last_send, last_sendmsg, last_addr
+        v6_dest, addr = route(address)
+        send, sendmsg = (send6, sendmsg6) if v6_dest else (send4, sendmsg4)
+        if _exact(address):
+            last, last_send, last_sendmsg, last_addr = address, send, sendmsg, addr
+        return send, sendmsg, addr
+
+    def sendto(data: Any, flags_or_address: Any, address: Any = noarg, /) -> int:
+        if address is noarg:  # sendto(data, address)
+            if flags_or_address is last:
+                return last_send(data, last_addr)  # type: ignore[no-any-return]
+            send, _sendmsg, addr = _learn(flags_or_address)
+            return send(data, addr)  # type: ignore[no-any-return]
+        if address is last:
+            return last_send(data, flags_or_address, last_addr)  # type: ignore[no-any-return]
+        send, _sendmsg, addr = _learn(address)
+        return send(data, flags_or_address, addr)  # type: ignore[no-any-return]
+
+    def sendmsg(buffers: Any, ancdata: Any = (), flags: Any = 0, address: Any = None) -> int:
+        if ancdata:
+            ancdata = _check_ancdata(ancdata)
+        if address is None:
+            return sendmsg6(buffers, ancdata, flags)
+        if address is last:
+            return last_sendmsg(buffers, ancdata, flags, last_addr)  # type: ignore[no-any-return]
+        _send, sendmsg_, addr = _learn(address)
+        return sendmsg_(buffers, ancdata, flags, addr)  # type: ignore[no-any-return]
+
+    def recv(bufsize: Any, flags: Any = 0) -> bytes:
+        if flags is zero:
+            return recv6(bufsize)
+        data: bytes = recv6(bufsize, flags)
+        if flags & _MSG_TRUNC:
+            # with MSG_TRUNC the kernel returns the message's full length and CPython grows the bytes to it:
+            # only the first bufsize bytes were received
+            return data[:bufsize]
+        return data
+
+    def recvfrom(bufsize: Any, flags: Any = 0) -> tuple[bytes, SockAddr]:
+        if flags is zero:  # the int 0 (a cached object); 0.0, None, "" go on to the stdlib's TypeError
+            return recvfrom6(bufsize)
+        if flags & _MSG_TRUNC:
+            data, addr = recvfrom6(bufsize, flags)
+            return data[:bufsize], addr
+        return recvfrom6(bufsize, flags)
+
+    def recv_into(buffer: Any, nbytes: Any = 0, flags: Any = 0) -> int:
+        n: int = recv_into6(buffer, nbytes, flags)
+        if flags & _MSG_TRUNC:
+            # the kernel's answer is the full length; pyrds reports the bytes stored (like recv/recvmsg)
+            return min(n, nbytes or memoryview(buffer).nbytes)
+        return n
+
+    def recvfrom_into(buffer: Any, nbytes: Any = 0, flags: Any = 0) -> tuple[int, SockAddr]:
+        if flags & _MSG_TRUNC:
+            n, addr = recvfrom_into6(buffer, nbytes, flags)
+            return min(n, nbytes or memoryview(buffer).nbytes), addr
+        return recvfrom_into6(buffer, nbytes, flags)
+
+    return {
+        "send": v4.send,  # the C method itself: the stdlib's send is exactly pyrds's
+        "sendto": sendto,
+        "sendmsg": sendmsg,
+        "recv": recv,
+        "recvfrom": recvfrom,
+        "recvmsg": v6.recvmsg,  # likewise (CPython's recvmsg never returns more than bufsize bytes)
+        "recv_into": recv_into,
+        "recvfrom_into": recvfrom_into,
+    }
 
 
 class RDSSocket(RDSSocketBase):
@@ -84,9 +214,32 @@ class RDSSocket(RDSSocketBase):
     def __init__(self, fileno: int | None = None) -> None:
         self._fd = -1
         self._timeout: float | None = None
+        created = fileno is None
         if fileno is None:
-            fileno = libc.socket(AF_RDS, libc.SOCK_SEQPACKET | libc.SOCK_CLOEXEC, 0)
+            # the stdlib creates it close-on-exec, like SOCK_CLOEXEC
+            fileno = _socket.socket(AF_RDS, _socket.SOCK_SEQPACKET, 0).detach()
+        flags = fcntl.fcntl(fileno, fcntl.F_GETFL)
+        try:
+            self._v4 = _View(_socket.AF_INET, _socket.SOCK_SEQPACKET, 0, fileno)
+            self._v6 = _View(_socket.AF_INET6, _socket.SOCK_SEQPACKET, 0, fileno)
+        except BaseException:
+            if created:
+                os.close(fileno)
+            raise
         self._fd = fileno
+        if _socket.getdefaulttimeout() is not None:
+            # a view takes the process-wide default timeout (and clears O_NONBLOCK ... or sets it); an
+            # RDSSocket starts with timeout None and leaves the fd's blocking mode as it was
+            self._v4.settimeout(None)
+            self._v6.settimeout(None)
+            fcntl.fcntl(fileno, fcntl.F_SETFL, flags)
+        self._calls = _data_calls(self._v4, self._v6)
+        # the instance's own attributes: s.recv(...) calls the closure (or the C method) with no Python
+        # method in between; a subclass that overrides a data call keeps its override
+        cls = type(self)
+        for name, fn in self._calls.items():
+            if getattr(cls, name) is getattr(RDSSocket, name):
+                self.__dict__[name] = fn
 
     # -- helpers
     def _check_open(self) -> int:
@@ -94,37 +247,43 @@ class RDSSocket(RDSSocketBase):
             raise os_error(errno.EBADF)
         return self._fd
 
-    def _io(self, call: Callable[[], T], events: int) -> T:
-        deadline: float | None = None
-        while True:
-            try:
-                return call()
-            except OSError as exc:
-                if exc.errno != errno.EAGAIN or not self._timeout:
-                    raise
-            if deadline is None:
-                deadline = time.monotonic() + self._timeout
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError("timed out")
-            libc.poll(self._check_open(), events, max(1, math.ceil(remaining * 1000)))
+    def _view_for(self, address: Any) -> tuple[_View, SockAddr]:
+        v6, addr = route(address)
+        return (self._v6 if v6 else self._v4), addr
 
     # -- addressing
     def bind(self, address: SockAddr) -> None:
-        sa = _sockaddr(parse_address(address))
-        libc.bind(self._check_open(), sa)
+        view, addr = self._view_for(address)
+        view.bind(addr)
 
     def connect(self, address: SockAddr) -> None:
-        sa = _sockaddr(parse_address(address))
-        libc.connect(self._check_open(), sa)
+        view, addr = self._view_for(address)
+        view.connect(addr)
+
+    def _name(self, name: Any) -> SockAddr:
+        if type(name[0]) is int:  # CPython's (sa_family, sa_data) for a family it does not know
+            if name[0] == _socket.AF_UNSPEC:
+                # the kernel reports AF_UNSPEC for an unbound, unconnected socket
+                return ("0.0.0.0", 0)
+            raise os_error(errno.EAFNOSUPPORT, f"address family {name[0]}")
+        result: SockAddr = name
+        return result
 
     def getsockname(self) -> SockAddr:
-        return _decode_name(libc.getsockname(self._check_open()))
+        return self._name(self._v6.getsockname())
 
     def getpeername(self) -> SockAddr:
-        return _decode_name(libc.getpeername(self._check_open()))
+        return self._name(self._v6.getpeername())
 
-    # -- data
+    # -- data (the per-instance closures of _data_calls do the work; these are the class-level entry points)
+    def send(self, data: ReadableBuffer, flags: int = 0) -> int:
+        result: int = self._calls["send"](data, flags)
+        return result
+
+    def sendto(self, data: ReadableBuffer, flags_or_address: Any, address: Any = _NOARG, /) -> int:
+        result: int = self._calls["sendto"](data, flags_or_address, address)
+        return result
+
     def sendmsg(
         self,
         buffers: Iterable[bytes | bytearray | memoryview],
@@ -132,86 +291,44 @@ class RDSSocket(RDSSocketBase):
         flags: int = 0,
         address: SockAddr | None = None,
     ) -> int:
-        flags = _check_int(flags, "flags")
-        bufs = [_as_bytes(b, "buffers item") for b in buffers]
-        items: list[tuple[int, int, bytes]] = []
-        for item in ancdata:
-            if not isinstance(item, tuple) or len(item) != 3:
-                raise TypeError("ancillary data items must be (level, type, data) tuples")
-            level, ctype, data = item
-            items.append(
-                (_check_int(level, "level"), _check_int(ctype, "type"), bytes(_as_bytes(data, "data")))
-            )
-        sa = _sockaddr(parse_address(address)) if address is not None else None
-        fd = self._check_open()
+        result: int = self._calls["sendmsg"](buffers, ancdata, flags, address)
+        return result
 
-        keep: list[Any] = []
-        iov = (libc.iovec * max(1, len(bufs)))()
-        for i, mv in enumerate(bufs):
-            iov[i].iov_base = _buffer_address(mv, keep)
-            iov[i].iov_len = len(mv)
-        msg = libc.msghdr()
-        msg.msg_iov = ctypes.cast(iov, ctypes.POINTER(libc.iovec))
-        msg.msg_iovlen = len(bufs)
-        if sa is not None:
-            msg.msg_name = ctypes.addressof(sa)
-            msg.msg_namelen = ctypes.sizeof(sa)
-        if items:
-            control = ctypes.create_string_buffer(libc.pack_cmsgs(items))
-            keep.append(control)
-            msg.msg_control = ctypes.addressof(control)
-            msg.msg_controllen = len(control.raw) - 1  # create_string_buffer adds a NUL
-        return self._io(lambda: libc.sendmsg(fd, msg, flags), libc.POLLOUT)
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        result: bytes = self._calls["recv"](bufsize, flags)
+        return result
+
+    def recvfrom(self, bufsize: int, flags: int = 0) -> tuple[bytes, SockAddr]:
+        result: tuple[bytes, SockAddr] = self._calls["recvfrom"](bufsize, flags)
+        return result
 
     def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> tuple[bytes, AncData, int, Any]:
-        bufsize = _check_int(bufsize, "bufsize")
-        ancbufsize = _check_int(ancbufsize, "ancbufsize")
-        flags = _check_int(flags, "flags")
-        if bufsize < 0:
-            raise ValueError("negative buffer size in recvmsg()")
-        if ancbufsize < 0:
-            raise ValueError("negative ancillary buffer size in recvmsg()")
-        fd = self._check_open()
-        data = ctypes.create_string_buffer(max(1, bufsize))
-        control = ctypes.create_string_buffer(max(1, ancbufsize))
-        name = uapi.sockaddr_storage()
-        iov = libc.iovec(ctypes.addressof(data), bufsize)
-        msg = libc.msghdr()
+        result: tuple[bytes, AncData, int, Any] = self._calls["recvmsg"](bufsize, ancbufsize, flags)
+        return result
 
-        def call() -> int:
-            msg.msg_name = ctypes.addressof(name)
-            msg.msg_namelen = ctypes.sizeof(name)
-            msg.msg_iov = ctypes.pointer(iov)
-            msg.msg_iovlen = 1
-            msg.msg_control = ctypes.addressof(control) if ancbufsize else None
-            msg.msg_controllen = ancbufsize
-            msg.msg_flags = 0
-            return libc.recvmsg(fd, msg, flags)
+    def recv_into(self, buffer: WritableBuffer, nbytes: int = 0, flags: int = 0) -> int:
+        result: int = self._calls["recv_into"](buffer, nbytes, flags)
+        return result
 
-        n = self._io(call, libc.POLLIN)
-        payload = data.raw[: min(n, bufsize)]
-        anc = libc.unpack_cmsgs(control.raw[: msg.msg_controllen]) if ancbufsize else []
-        address: Any = None
-        if msg.msg_namelen:
-            raw = ctypes.string_at(ctypes.addressof(name), min(msg.msg_namelen, ctypes.sizeof(name)))
-            address = _decode_name(raw)
-        return payload, anc, int(msg.msg_flags), address
+    def recvfrom_into(self, buffer: WritableBuffer, nbytes: int = 0, flags: int = 0) -> tuple[int, SockAddr]:
+        result: tuple[int, SockAddr] = self._calls["recvfrom_into"](buffer, nbytes, flags)
+        return result
 
     # -- options
     def setsockopt(self, level: int, optname: int, value: int | bytes) -> None:
         level = _check_int(level, "level")
         optname = _check_int(optname, "optname")
-        buf: Any
         if isinstance(value, int):
             if not -(1 << 31) <= value < (1 << 32):
                 raise OverflowError("option value out of range for a C int")
-            buf = ctypes.c_int(value if value < (1 << 31) else value - (1 << 32))
-            length = ctypes.sizeof(buf)
-        else:
-            raw = bytes(_as_bytes(value, "value"))
-            buf = ctypes.create_string_buffer(raw, max(1, len(raw)))
-            length = len(raw)
-        libc.setsockopt(self._check_open(), level, optname, buf, length)
+            # the same four bytes as before for 2**31..2**32-1 (a C int's bit pattern)
+            self._v4.setsockopt(level, optname, value if value < (1 << 31) else value - (1 << 32))
+            return
+        try:
+            memoryview(value)
+        except TypeError:
+            raise TypeError(f"value must be a bytes-like object, not {type(value).__name__}") from None
+        self._v4.setsockopt(level, optname, value)
 
     def getsockopt(self, level: int, optname: int, buflen: int = 0) -> int | bytes:
         level = _check_int(level, "level")
@@ -219,11 +336,13 @@ class RDSSocket(RDSSocketBase):
         buflen = _check_int(buflen, "buflen")
         if buflen < 0:
             raise ValueError("buflen must be >= 0")
-        fd = self._check_open()
         if buflen == 0:
-            val = ctypes.c_int(0)
-            libc.getsockopt(fd, level, optname, val, ctypes.sizeof(val))
-            return int(val.value)
+            value: int = self._v4.getsockopt(level, optname)
+            return value
+        if buflen <= _STDLIB_OPTLEN_MAX:
+            raw: bytes = self._v4.getsockopt(level, optname, buflen)
+            return raw
+        fd = self._check_open()
         buf = ctypes.create_string_buffer(buflen)
         _ret, optlen = libc.getsockopt(fd, level, optname, buf, buflen)
         return buf.raw[: min(optlen, buflen)]
@@ -255,12 +374,11 @@ class RDSSocket(RDSSocketBase):
         tos = _check_int(tos, "tos")
         if not 0 <= tos <= 255:
             raise ValueError("tos must be 0-255")
-        libc.ioctl(self._check_open(), SIOCRDSSETTOS, ctypes.c_uint8(tos))
+        fcntl.ioctl(self._check_open(), SIOCRDSSETTOS, struct.pack("B", tos))
 
     def get_tos(self) -> int:
-        val = ctypes.c_uint8(0)
-        libc.ioctl(self._check_open(), SIOCRDSGETTOS, val)
-        return int(val.value)
+        raw = fcntl.ioctl(self._check_open(), SIOCRDSGETTOS, b"\0")
+        return int(raw[0])
 
     # -- fd and blocking
     def fileno(self) -> int:
@@ -273,22 +391,29 @@ class RDSSocket(RDSSocketBase):
             timeout = float(timeout)
             if math.isnan(timeout) or timeout < 0:
                 raise ValueError("Timeout value out of range")
-        fd = self._check_open()
-        fl = fcntl.fcntl(fd, fcntl.F_GETFL)
-        nonblock = timeout is not None
-        fcntl.fcntl(fd, fcntl.F_SETFL, (fl | os.O_NONBLOCK) if nonblock else (fl & ~os.O_NONBLOCK))
+        self._check_open()
+        self._v4.settimeout(timeout)
+        self._v6.settimeout(timeout)
         self._timeout = timeout
 
     def gettimeout(self) -> float | None:
         return self._timeout
 
     def close(self) -> None:
-        fd, self._fd = self._fd, -1
+        fd = self.detach()
         if fd >= 0:
-            libc.close(fd)
+            try:
+                os.close(fd)
+            except InterruptedError:
+                pass  # never retry close on EINTR: the fd is gone on Linux
 
     def detach(self) -> int:
+        """Give up the fd without closing it; the socket object is closed (calls raise EBADF)."""
         fd, self._fd = self._fd, -1
+        for name in ("_v4", "_v6"):
+            view = self.__dict__.get(name)
+            if view is not None:
+                view.detach()
         return fd
 
     def __del__(self) -> None:
@@ -297,6 +422,3 @@ class RDSSocket(RDSSocketBase):
                 self.close()
             except OSError:
                 pass
-
-    def __repr__(self) -> str:
-        return f"<pyrds.kernel.RDSSocket fd={self._fd} timeout={self._timeout}>"

@@ -19,6 +19,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if str(item.fspath).startswith(here):
             item.add_marker(pytest.mark.kernel)
+            # the plugin's hang guard (--rds-timeout) only covers tests that ask for it; these use no plugin
+            # fixture, and a hung AF_RDS call must fail its test, not stall the guest run
+            if item.get_closest_marker("rds_timeout") is None:
+                item.add_marker(pytest.mark.rds_timeout)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
 
