@@ -15,14 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyrds import uapi
-from pyrds.constants import (
-    RDS_MAX_ZCOOKIES,
-    SO_TIMESTAMP_NEW,
-    SO_TIMESTAMP_OLD,
-    SOL_RDS,
-    CmsgType,
-    RdmaStatus,
-)
+from pyrds.constants import RDS_MAX_ZCOOKIES, SOL_RDS, CmsgType, RdmaStatus
+from pyrds.constants import SO_TIMESTAMP_NEW as SO_TIMESTAMP_NEW  # defined here before: still importable
+from pyrds.constants import SO_TIMESTAMP_OLD as SO_TIMESTAMP_OLD
 
 Cmsg = tuple[int, int, bytes]
 
