@@ -11,7 +11,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-BASE = "kernel<->kernel"
+BASE = "kernel<->kernel (stdlib)"  # the kernel driven by plain stdlib sockets: every ratio is against it
+PYRDS_KERNEL = "kernel<->kernel (pyrds.kernel)"
 COLORS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75)]
 
 
@@ -23,9 +24,9 @@ def _fmt(v: Any, digits: int = 0) -> str:
 
 def _table(rows: list[dict[str, Any]], mode: str) -> list[str]:
     base = {r["size"]: r for r in rows if r["scenario"] == BASE and r["mode"] == mode}
-    head = "| path | size | msgs/s | MB/s | p50 rtt us | p99 rtt us | vs kernel<->kernel |"
+    head = "| path | size | msgs/s | MB/s | p50 rtt us | p99 rtt us | vs stdlib kernel |"
     if mode != "rr":
-        head = "| path | size | msgs/s | MB/s | vs kernel<->kernel |"
+        head = "| path | size | msgs/s | MB/s | vs stdlib kernel |"
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if r["mode"] != mode:
@@ -54,6 +55,50 @@ def _table(rows: list[dict[str, Any]], mode: str) -> list[str]:
     return out
 
 
+def _missing(rows: list[dict[str, Any]]) -> list[str]:
+    from run import SCENARIOS
+
+    seen = {r["scenario"] for r in rows}
+    return [label for label, *_ in SCENARIOS if label not in seen]
+
+
+def _size(size: int) -> str:
+    return f"{size // 1024} KiB" if size >= 1024 else f"{size} B"
+
+
+def _overhead_table(rows: list[dict[str, Any]]) -> list[str]:
+    """pyrds.kernel against the stdlib on the same kernel, per cell: time per message, stdlib = 1."""
+    out = [
+        "| mode | size | stdlib msgs/s | pyrds.kernel msgs/s | pyrds.kernel overhead |",
+        "|---|---|---|---|---|",
+    ]
+    by = {(r["scenario"], r["mode"], r["size"]): r for r in rows if not r.get("error")}
+    for mode in ("rr", "oneway"):
+        for size in sorted({r["size"] for r in rows}):
+            b, k = by.get((BASE, mode, size)), by.get((PYRDS_KERNEL, mode, size))
+            if not b or not k or not b.get("msgs_per_s") or not k.get("msgs_per_s"):
+                continue
+            over = b["msgs_per_s"] / k["msgs_per_s"]
+            cells = [mode, _size(size), _fmt(b["msgs_per_s"]), _fmt(k["msgs_per_s"]), f"{over:.2f}x"]
+            out.append("| " + " | ".join(cells) + " |")
+    return out if len(out) > 2 else []
+
+
+def _percall_table(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    names = [k for k, v in rows[0].items() if isinstance(v, dict)]
+    head = ["case"] + [f"{n} us" for n in names] + [f"{n} / stdlib" for n in names if n != "stdlib"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        base = r["stdlib"]["best_us"]
+        cells = [r["case"]]
+        cells += [f"{r[n]['best_us']:,.1f} (median {r[n]['median_us']:,.1f})" for n in names]
+        cells += [f"{r[n]['best_us'] / base:.3f}x" for n in names if n != "stdlib"]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
 def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
     rows: list[dict[str, Any]] = data["results"]
     how = write_chart(rows, png)
@@ -68,7 +113,16 @@ def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
         "Mixed rows: the userspace node's stack listens on 16386 (the kernel's rds_tcp owns 16385 in every",
         "netns) with an nftables `tcp dport 16385 redirect to :16386` so kernel dials reach it.",
         "CPU % in the raw JSON is the client process only (the userspace stack runs in its own process).",
+        "**Baseline:** `kernel<->kernel (stdlib)` is the kernel driven by plain `socket.socket(AF_RDS,",
+        "SOCK_SEQPACKET)` objects through the same stress code (benchmarks/stdlib_stress.py); every",
+        "`vs stdlib kernel` ratio is msgs/s against that row. `kernel<->kernel (pyrds.kernel)` is",
+        "`pyrds stress --backend kernel`.",
         *([f"**Note:** {data['note']}"] if data.get("note") else []),
+        *(
+            [f"**Not measured in this run:** {', '.join(_missing(rows))} (see the git history of this file)."]
+            if rows and _missing(rows)
+            else []
+        ),
         "",
         "## Request/response (depth 1, reply 0 B)",
         "",
@@ -78,6 +132,31 @@ def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
         "",
         *_table(rows, "oneway"),
         "",
+        *(
+            [
+                "## pyrds.kernel overhead (same kernel, same stress code; stdlib = 1.00x time per message)",
+                "",
+                *_overhead_table(rows),
+                "",
+            ]
+            if _overhead_table(rows)
+            else []
+        ),
+        *(
+            [
+                "## Per call: pyrds.kernel against the stdlib socket (benchmarks/percall.py)",
+                "",
+                "One process, RDS over the loop transport (127.0.0.1 / ::1): µs per iteration of the",
+                "loop (one send and one receive), the best of the alternating batches (median in",
+                "brackets). The IPv6 stdlib socket is an AF_INET6-family `socket.socket` on an AF_RDS fd.",
+                "Target: pyrds.kernel <= 1.05x.",
+                "",
+                *_percall_table(data.get("percall") or []),
+                "",
+            ]
+            if data.get("percall")
+            else []
+        ),
         f"![chart]({png.name}) - {how}",
         "",
     ]

@@ -1,12 +1,15 @@
-"""pyrds benchmark: kernel<->kernel, userspace<->userspace, mixed and plain TCP over veth, in ONE guest run.
+"""pyrds benchmark: the kernel driven by stdlib sockets (the baseline), the kernel driven by pyrds.kernel,
+userspace<->userspace, mixed and plain TCP over veth, plus the per-call cost of pyrds.kernel against the
+stdlib (benchmarks/percall.py), in ONE guest run.
 
 Host:   ``python benchmarks/run.py``           boots the guest (python -m vm run), runs the guest phase, then
                                                writes docs/benchmarks.md and docs/benchmarks.png here.
 Guest:  ``python benchmarks/run.py --guest``   (root + AF_RDS) prints one ``PYRDS-BENCH-JSON`` line.
 Render: ``python benchmarks/run.py --from-json results.json``  rewrites the report from saved results.
 
-Each cell is ``pyrds stress`` (active side in one netns, ``--passive --once`` in the other) or the plain TCP
-baseline (benchmarks/tcp_baseline.py), request/response depth 1 and one-way, for every message size.
+Each cell is ``pyrds stress`` (active side in one netns, ``--passive --once`` in the other; for the stdlib
+row the same stress code with stdlib sockets, benchmarks/stdlib_stress.py) or the plain TCP baseline
+(benchmarks/tcp_baseline.py), request/response depth 1 and one-way, for every message size.
 """
 
 from __future__ import annotations
@@ -33,10 +36,20 @@ MARK = "PYRDS-BENCH-JSON "
 SIZES = (0, 1024, 8192, 65536)
 PY = sys.executable
 CLI = [PY, "-m", "pyrds.cli.main"]
+STDLIB_CLI = [PY, str(HERE / "stdlib_stress.py")]
 
-# (label, active backend, passive backend, topology key)
+
+def _cli(backend: str) -> tuple[list[str], str]:
+    """The stress command line and the --backend it gets (the stdlib row runs the CLI with stdlib sockets)."""
+    if backend == "stdlib":
+        return STDLIB_CLI, "kernel"
+    return CLI, backend
+
+
+# (label, active backend, passive backend, topology key); the first row is the baseline of every ratio
 SCENARIOS = [
-    ("kernel<->kernel", "kernel", "kernel", "kk"),
+    ("kernel<->kernel (stdlib)", "stdlib", "stdlib", "kk"),
+    ("kernel<->kernel (pyrds.kernel)", "kernel", "kernel", "kk"),
     ("userspace<->userspace", "userspace", "userspace", "uu"),
     ("userspace->kernel", "userspace", "kernel", "mixed-u2k"),
     ("kernel->userspace", "kernel", "userspace", "mixed-k2u"),
@@ -67,13 +80,14 @@ class Passive:
         if backend == "tcp":
             cmd = [PY, str(HERE / "tcp_baseline.py"), "--passive", "-s", node.addr, "-p", str(port)]
         else:
+            cli, cli_backend = _cli(backend)
             cmd = [
-                *CLI,
+                *cli,
                 "stress",
                 "--passive",
                 "--json",
                 "--backend",
-                backend,
+                cli_backend,
                 "-s",
                 node.addr,
                 "-p",
@@ -113,13 +127,14 @@ def one_cell(
     if backend == "tcp":
         acmd = [PY, str(HERE / "tcp_baseline.py"), "-s", active.addr, "-r", passive.addr, "-p", str(port)]
     else:
+        cli, cli_backend = _cli(backend)
         acmd = [
-            *CLI,
+            *cli,
             "stress",
             "--json",
             "--no-rows",
             "--backend",
-            backend,
+            cli_backend,
             "-s",
             active.addr,
             "-r",
@@ -165,7 +180,7 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
     port = 4000
     try:
         for label, ba, bp, key in SCENARIOS:
-            if args.only and not any(o in label for o in args.only):
+            if args.percall_only or (args.only and not any(o in label for o in args.only)):
                 continue
             a, p = topo[key]
             port += 1
@@ -199,11 +214,20 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
                     server.stop()
     finally:
         teardown([*kk, *uu, mk, mu])
+    percall_rows: list[dict[str, Any]] = []
+    if args.percall_rounds > 0:
+        import percall
+
+        variants = {"stdlib": percall.stdlib_socket, "pyrds.kernel": percall.pyrds_socket}
+        if args.percall_before:
+            variants["before"] = percall.loaded_socket(args.percall_before)
+        percall_rows = percall.measure(variants, args.percall_rounds, False)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),
         "duration_s": args.duration,
         "results": results,
+        "percall": percall_rows,
     }
 
 
@@ -242,6 +266,7 @@ def host_phase(args: argparse.Namespace) -> int:
         "run",
         "--timeout",
         str(args.vm_timeout),
+        *(["--kernel", args.kernel] if args.kernel else []),
         "--",
         "python",
         "benchmarks/run.py",
@@ -252,7 +277,13 @@ def host_phase(args: argparse.Namespace) -> int:
         ",".join(map(str, args.sizes)),
         "--modes",
         ",".join(args.modes),
+        "--percall-rounds",
+        str(args.percall_rounds),
     ]
+    if args.percall_only:
+        cmd.append("--percall-only")
+    if args.percall_before:
+        cmd += ["--percall-before", args.percall_before]
     for o in args.only or []:
         cmd += ["--only", o]
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
@@ -275,6 +306,7 @@ def host_phase(args: argparse.Namespace) -> int:
     if accel:
         data["machine"] += f"; QEMU guest, accel {accel}"
     data["note"] = args.note or f"host 1-min load average at the end of the run: {os.getloadavg()[0]:.1f}"
+    data["kernel"] = data.get("kernel") or data["machine"].split(" ", 2)[1]
     Path(args.save_json).write_text(json.dumps(data, indent=1))
     write_report(data, Path(args.out), Path(args.png))
     print(f"wrote {args.out}, {args.png} and {args.save_json}", file=sys.stderr)
@@ -289,11 +321,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(SIZES))
     ap.add_argument("--modes", type=lambda s: s.split(","), default=["rr", "oneway"])
     ap.add_argument("--only", action="append", help="scenario label substring (repeatable)")
+    ap.add_argument(
+        "--percall-rounds", type=int, default=30, help="per-call benchmark batches per cell (30; 0 = skip)"
+    )
+    ap.add_argument("--percall-only", action="store_true", help="only the per-call benchmark")
+    ap.add_argument(
+        "--percall-before",
+        help="per-call column 'before': a file with another kernel RDSSocket (e.g. an older socket.py)",
+    )
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     ap.add_argument("--png", default=str(ROOT / "docs" / "benchmarks.png"))
     ap.add_argument("--save-json", default=str(ROOT / "benchmarks" / "results.json"))
     ap.add_argument("--note", help="a remark printed in the report (e.g. what else loaded the host)")
     ap.add_argument("--vm-timeout", type=float, default=3000.0)
+    ap.add_argument("--kernel", help="guest kernel for python -m vm run (6.1, 6.12, 7.3; default: vm's)")
     args = ap.parse_args(argv)
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())

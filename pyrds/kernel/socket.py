@@ -126,42 +126,41 @@ def _data_calls(v4: _View, v6: _View) -> dict[str, Any]:
     sendmsg4, sendmsg6 = v4.sendmsg, v6.sendmsg
     recv6, recvfrom6 = v6.recv, v6.recvfrom
     recv_into6, recvfrom_into6 = v6.recv_into, v6.recvfrom_into
-    # the last destination object (a tuple of exact types, so immutable), its view's sendto/sendmsg and the
-    # numeric tuple CPython parses into the same sockaddr bytes
-    noarg = last = _NOARG  # (a closure cell is read faster than a global)
+    # (the last destination object, its view's sendto, its view's sendmsg, the numeric tuple CPython parses
+    # into the same sockaddr bytes): one tuple, replaced whole, so that a thread never pairs one destination's
+    # object with another's route; the object is a tuple of exact str/int types, hence immutable
+    noarg = _NOARG  # (a closure cell is read faster than a global)
     zero = 0
-    last_send: Any = send4
-    last_sendmsg: Any = sendmsg4
-    last_addr: Any = None
+    last: tuple[Any, Any, Any, Any] = (_NOARG, send4, sendmsg4, None)
 
-    def _learn(address: Any) -> tuple[Any, Any, SockAddr]:
-        nonlocal last, last_send, last_sendmsg, last_addr
+    def _learn(address: Any) -> tuple[Any, Any, Any, Any]:
+        nonlocal last
         v6_dest, addr = route(address)
-        send, sendmsg = (send6, sendmsg6) if v6_dest else (send4, sendmsg4)
+        entry = (address, send6, sendmsg6, addr) if v6_dest else (address, send4, sendmsg4, addr)
         if _exact(address):
-            last, last_send, last_sendmsg, last_addr = address, send, sendmsg, addr
-        return send, sendmsg, addr
+            last = entry
+        return entry
 
     def sendto(data: Any, flags_or_address: Any, address: Any = noarg, /) -> int:
         if address is noarg:  # sendto(data, address)
-            if flags_or_address is last:
-                return last_send(data, last_addr)  # type: ignore[no-any-return]
-            send, _sendmsg, addr = _learn(flags_or_address)
-            return send(data, addr)  # type: ignore[no-any-return]
-        if address is last:
-            return last_send(data, flags_or_address, last_addr)  # type: ignore[no-any-return]
-        send, _sendmsg, addr = _learn(address)
-        return send(data, flags_or_address, addr)  # type: ignore[no-any-return]
+            entry = last
+            if flags_or_address is not entry[0]:
+                entry = _learn(flags_or_address)
+            return entry[1](data, entry[3])  # type: ignore[no-any-return]
+        entry = last
+        if address is not entry[0]:
+            entry = _learn(address)
+        return entry[1](data, flags_or_address, entry[3])  # type: ignore[no-any-return]
 
     def sendmsg(buffers: Any, ancdata: Any = (), flags: Any = 0, address: Any = None) -> int:
         if ancdata:
             ancdata = _check_ancdata(ancdata)
         if address is None:
             return sendmsg6(buffers, ancdata, flags)
-        if address is last:
-            return last_sendmsg(buffers, ancdata, flags, last_addr)  # type: ignore[no-any-return]
-        _send, sendmsg_, addr = _learn(address)
-        return sendmsg_(buffers, ancdata, flags, addr)  # type: ignore[no-any-return]
+        entry = last
+        if address is not entry[0]:
+            entry = _learn(address)
+        return entry[2](buffers, ancdata, flags, entry[3])  # type: ignore[no-any-return]
 
     def recv(bufsize: Any, flags: Any = 0) -> bytes:
         if flags is zero:
