@@ -91,10 +91,14 @@ def _percall_table(rows: list[dict[str, Any]]) -> list[str]:
     head = ["case"] + [f"{n} us" for n in names] + [f"{n} / stdlib" for n in names if n != "stdlib"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        base = r["stdlib"]["best_us"]
+        base, base_median = r["stdlib"]["best_us"], r["stdlib"]["median_us"]
         cells = [r["case"]]
         cells += [f"{r[n]['best_us']:,.1f} (median {r[n]['median_us']:,.1f})" for n in names]
-        cells += [f"{r[n]['best_us'] / base:.3f}x" for n in names if n != "stdlib"]
+        cells += [
+            f"{r[n]['best_us'] / base:.3f}x (median {r[n]['median_us'] / base_median:.3f}x)"
+            for n in names
+            if n != "stdlib"
+        ]
         out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -149,7 +153,9 @@ def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
                 "One process, RDS over the loop transport (127.0.0.1 / ::1): µs per iteration of the",
                 "loop (one send and one receive), the best of the alternating batches (median in",
                 "brackets). The IPv6 stdlib socket is an AF_INET6-family `socket.socket` on an AF_RDS fd.",
-                "Target: pyrds.kernel <= 1.05x.",
+                "`before` (when present) is an older kernel backend loaded from a file (`--percall-before`),",
+                "here the ctypes msghdr implementation that preceded the stdlib data path. Target:",
+                "pyrds.kernel <= 1.05x the stdlib.",
                 "",
                 *_percall_table(data.get("percall") or []),
                 "",

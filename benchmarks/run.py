@@ -177,42 +177,50 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
     userspace_node(mu, KERNEL_PORT)
     topo = {"kk": kk, "uu": uu, "mixed-u2k": (mu, mk), "mixed-k2u": (mk, mu)}
     results: list[dict[str, Any]] = []
-    port = 4000
+    selected = [
+        sc
+        for sc in SCENARIOS
+        if not args.percall_only and (not args.only or any(o in sc[0] for o in args.only))
+    ]
+    # every scenario's passive server runs for the whole measurement, and the cells alternate between the
+    # scenarios (for each mode and size: every scenario once), so that a load change on a shared host hits
+    # all rows alike instead of one scenario's block of cells
+    servers: dict[str, tuple[Passive | None, str | None, int]] = {}
     try:
-        for label, ba, bp, key in SCENARIOS:
-            if args.percall_only or (args.only and not any(o in label for o in args.only)):
-                continue
-            a, p = topo[key]
-            port += 1
+        for port, (label, _ba, bp, key) in enumerate(selected, start=4001):
             try:
-                server: Passive | None = Passive(p, bp, port)
-                err = None
+                servers[label] = (Passive(topo[key][1], bp, port), None, port)
             except RuntimeError as exc:
-                server, err = None, str(exc)
-            try:
-                for mode in args.modes:
-                    for size in args.sizes:
-                        t0 = time.monotonic()
-                        if server is not None and not server.alive():
-                            server, err = None, "passive side died"
-                        doc = (
-                            {"error": err}
-                            if server is None
-                            else one_cell(a, p, ba, size, mode, args.duration, port)
-                        )
-                        row = {"scenario": label, "mode": mode, "size": size, **_pick(doc)}
-                        results.append(row)
-                        print(
-                            f"[bench] {label:22} {mode:6} {size:6} B: {row.get('msgs_per_s')} msgs/s "
-                            f"{row.get('mb_per_s')} MB/s p50 {row.get('p50_us')} p99 {row.get('p99_us')} "
-                            f"{row.get('error') or ''} ({time.monotonic() - t0:.0f} s)",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-            finally:
-                if server is not None:
-                    server.stop()
+                servers[label] = (None, str(exc), port)
+        for mode in args.modes:
+            for size in args.sizes:
+                for label, ba, _bp, key in selected:
+                    a, p = topo[key]
+                    server, err, port = servers[label]
+                    t0 = time.monotonic()
+                    if server is not None and not server.alive():
+                        server, err = None, "passive side died"
+                        servers[label] = (None, err, port)
+                    doc = (
+                        {"error": err}
+                        if server is None
+                        else one_cell(a, p, ba, size, mode, args.duration, port)
+                    )
+                    row = {"scenario": label, "mode": mode, "size": size, **_pick(doc)}
+                    results.append(row)
+                    print(
+                        f"[bench] {label:22} {mode:6} {size:6} B: {row.get('msgs_per_s')} msgs/s "
+                        f"{row.get('mb_per_s')} MB/s p50 {row.get('p50_us')} p99 {row.get('p99_us')} "
+                        f"{row.get('error') or ''} ({time.monotonic() - t0:.0f} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
+        for server, _err, _port in servers.values():
+            if server is not None:
+                server.stop()
+        order = {sc[0]: i for i, sc in enumerate(SCENARIOS)}
+        results.sort(key=lambda r: (order[r["scenario"]], args.modes.index(r["mode"]), r["size"]))
         teardown([*kk, *uu, mk, mu])
     percall_rows: list[dict[str, Any]] = []
     if args.percall_rounds > 0:

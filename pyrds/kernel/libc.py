@@ -1,8 +1,11 @@
 """Thin ctypes bindings to the libc socket calls the kernel backend needs.
 
-CPython's socket module only speaks ``sockaddr_in`` for AF_RDS and caps getsockopt buffers at 1024 bytes, so
-the kernel backend calls libc directly. libc is loaded lazily (first call), never at import time. Every
-wrapper raises ``OSError(errno, strerror)`` on failure and retries on EINTR (PEP 475 semantics).
+The kernel backend's data calls, addresses and ordinary options go through CPython's socket module (see
+pyrds/kernel/socket.py); ctypes is left for what the stdlib cannot do: getsockopt buffers over 1024 bytes
+(CPython's cap) and the RDS_INFO size probe (a failing getsockopt whose optlen must be read back), plus
+``setns`` for namespace helpers. The msghdr/cmsg helpers stay for tests and tools that build raw messages.
+libc is loaded lazily (first call), never at import time. Every wrapper raises ``OSError(errno, strerror)``
+on failure and retries on EINTR (PEP 475 semantics).
 """
 
 from __future__ import annotations

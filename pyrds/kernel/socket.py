@@ -218,6 +218,8 @@ class RDSSocket(RDSSocketBase):
             # the stdlib creates it close-on-exec, like SOCK_CLOEXEC
             fileno = _socket.socket(AF_RDS, _socket.SOCK_SEQPACKET, 0).detach()
         flags = fcntl.fcntl(fileno, fcntl.F_GETFL)
+        if created:
+            flags &= ~os.O_NONBLOCK  # a new RDSSocket is blocking, whatever socket.setdefaulttimeout() says
         try:
             self._v4 = _View(_socket.AF_INET, _socket.SOCK_SEQPACKET, 0, fileno)
             self._v6 = _View(_socket.AF_INET6, _socket.SOCK_SEQPACKET, 0, fileno)
@@ -227,8 +229,8 @@ class RDSSocket(RDSSocketBase):
             raise
         self._fd = fileno
         if _socket.getdefaulttimeout() is not None:
-            # a view takes the process-wide default timeout (and clears O_NONBLOCK ... or sets it); an
-            # RDSSocket starts with timeout None and leaves the fd's blocking mode as it was
+            # a stdlib socket object takes the process-wide default timeout and makes its fd non-blocking;
+            # an RDSSocket starts with timeout None and an adopted fd keeps its blocking mode
             self._v4.settimeout(None)
             self._v6.settimeout(None)
             fcntl.fcntl(fileno, fcntl.F_SETFL, flags)

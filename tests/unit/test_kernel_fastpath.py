@@ -347,3 +347,28 @@ def test_stdlib_parity_attributes() -> None:
     finally:
         s.close()
     assert "[closed]" in repr(s)
+
+
+def test_default_timeout_is_not_inherited() -> None:
+    """socket.setdefaulttimeout() makes stdlib sockets non-blocking; an RDSSocket starts with timeout None and
+    a blocking fd (as with the ctypes socket), an adopted fd keeps its mode."""
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(3.0)
+    try:
+        raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        raw.setblocking(True)
+        s = RDSSocket(fileno=raw.detach())
+        try:
+            assert s.gettimeout() is None and s._v4.gettimeout() is None and s._v6.gettimeout() is None
+            assert os.get_blocking(s.fileno())
+        finally:
+            s.close()
+        raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        raw.setblocking(False)
+        s = RDSSocket(fileno=raw.detach())
+        try:
+            assert not os.get_blocking(s.fileno()) and s.gettimeout() is None
+        finally:
+            s.close()
+    finally:
+        socket.setdefaulttimeout(old)
