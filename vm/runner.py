@@ -199,8 +199,32 @@ def _read_rc(path: str) -> int | None:
     return 128 - rc if rc < 0 else rc  # killed by signal N -> 128+N, like a shell
 
 
+#: boots that die before CMD starts (nothing ran in the guest) are tried again this many times
+BOOT_RETRIES = 2
+
+
 def run(cfg: RunConfig) -> RunResult:
-    """Boot the topology once, run CMD in guest A, return its status and timings."""
+    """Boot the topology once, run CMD in guest A, return its status and timings.
+
+    A boot that ends before CMD started in guest A (no ``started`` file: vng or QEMU failed, or the kernel
+    died while booting) is tried again, up to :data:`BOOT_RETRIES` times, and the result says so: nothing ran
+    in the guest, so a retry cannot hide a test's outcome. Seen once on 2026-11-23: a 7.3 boot ended after
+    10.7 s with vng status 255 and no output, while the same kernel booted fine before and after."""
+    failed_boots: list[str] = []
+    while True:
+        res = _run_once(cfg)
+        if res.rc != 125 or res.boot_s is not None or res.timed_out or len(failed_boots) >= BOOT_RETRIES:
+            res.messages[:0] = failed_boots
+            return res
+        failed_boots.append(
+            f"boot {len(failed_boots) + 1} ended before CMD started after {res.wall_s:.1f} s "
+            f"({'; '.join(res.messages)}); booting again"
+        )
+        print(f"[vm] {failed_boots[-1]}", file=sys.stderr, flush=True)
+
+
+def _run_once(cfg: RunConfig) -> RunResult:
+    """One boot of the topology (see :func:`run`)."""
     if not cfg.cmd:
         raise HarnessError("no command given: python -m vm run -- CMD...")
     if cfg.topology not in ("netns", "two-guests"):

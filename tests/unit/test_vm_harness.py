@@ -151,3 +151,27 @@ def test_guest_status_file_helpers(tmp_path: Path) -> None:
     assert guest.wait_for(str(tmp_path / "s"), 0.1)
     assert not guest.wait_for(str(tmp_path / "nope"), 0.3)
     assert os.path.exists(tmp_path / "s")
+
+
+def test_a_boot_that_dies_before_cmd_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = runner.RunConfig(kernel=KERNEL, accel="tcg", cmd=["true"])
+    dead = runner.RunResult(125, None, None, 10.7, "/r", messages=["vng exited 255"])
+    ran = runner.RunResult(0, 21.0, 12.0, 40.0, "/r", messages=[])
+    outcomes = [dead, ran]
+    monkeypatch.setattr(runner, "_run_once", lambda _cfg: outcomes.pop(0))
+    res = runner.run(cfg)
+    assert res.rc == 0 and not outcomes
+    assert len(res.messages) == 1 and "boot 1 ended before CMD started" in res.messages[0]
+
+
+def test_a_failure_after_cmd_started_is_never_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = runner.RunConfig(kernel=KERNEL, accel="tcg", cmd=["true"])
+    calls = []
+    crashed = runner.RunResult(125, 30.0, 20.0, 90.0, "/r", messages=["guest A reported no exit status"])
+    monkeypatch.setattr(runner, "_run_once", lambda _cfg: calls.append(1) or crashed)
+    assert runner.run(cfg).rc == 125 and len(calls) == 1
+    dead = runner.RunResult(125, None, None, 5.0, "/r", messages=["vng exited 255"])
+    calls.clear()
+    monkeypatch.setattr(runner, "_run_once", lambda _cfg: calls.append(1) or dead)
+    res = runner.run(cfg)
+    assert res.rc == 125 and len(calls) == 1 + runner.BOOT_RETRIES and len(res.messages) == 3
