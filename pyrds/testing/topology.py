@@ -244,13 +244,20 @@ class TwoNodes:
             raise AssertionError("the first message A->B did not arrive intact")
         return a, b
 
-    def report_other_job(self, node: Node, job: Any, timeout: float = 60.0) -> None:
-        """After one node's job failed, print how the other node's job ``job`` ended (its result or its own
-        error, e.g. its stall message with what it sent and received). Never raises."""
-        try:
-            print(f"{node.backend} {node.addr4}: {node.agent.wait(job, timeout)}")
-        except Exception as exc:  # the diagnostic must not replace the test's own error
-            print(f"{node.backend} {node.addr4}: {type(exc).__name__}: {exc}")
+    def report_failure(
+        self, exc: BaseException, a_finished: bool, job_b: Any, socks: Sequence[RemoteSocket]
+    ) -> None:
+        """A two-node job failed: print which node's job (``a_finished``: A's ended, so B's raised
+        ``exc``), how B's job ended when A's was the one that failed (its result or its own error, e.g. its
+        stall message with what it sent and received), then :meth:`dump_state`. Never raises."""
+        print(f"{'B' if a_finished else 'A'}: {type(exc).__name__}: {exc}")
+        if not a_finished:
+            node = self.nodes[1]
+            try:
+                print(f"{node.backend} {node.addr4}: {node.agent.wait(job_b, 60.0)}")
+            except Exception as other:  # the diagnostic must not replace the test's own error
+                print(f"{node.backend} {node.addr4}: {type(other).__name__}: {other}")
+        self.dump_state(socks)
 
     def dump_state(self, socks: Sequence[RemoteSocket]) -> None:
         """Print what each node's RDS/TCP looks like (``ss -tni``, RDS_INFO connections, TCP sockets, non-zero

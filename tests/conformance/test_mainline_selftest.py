@@ -42,15 +42,12 @@ def test_mainline_selftest(rds_two_nodes, rds_mainline_count, rds_observe):
     ja = na.agent.job("pyrds.testing.workloads:mainline_selftest", [a], me=0, backend=na.backend, **kw)
     jb = nb.agent.job("pyrds.testing.workloads:mainline_selftest", [b], me=1, backend=nb.backend, **kw)
     race = "kernel" in (na.backend, nb.backend) and RESET_STORM_RACE.present()
+    ra = None
     try:
         ra = na.agent.wait(ja, 1900)
         rb = nb.agent.wait(jb, 1900)
     except Exception as exc:
-        failed_b = "ra" in locals()  # A's job ended: B's failed
-        print(f"{'B' if failed_b else 'A'}: {type(exc).__name__}: {exc}")
-        if not failed_b:
-            nodes.report_other_job(nb, jb)
-        nodes.dump_state([a, b])
+        nodes.report_failure(exc, ra is not None, jb, [a, b])
         if race and nodes.healthy():
             RESET_STORM_RACE.record(False, f"{type(exc).__name__}: {exc}")
         raise

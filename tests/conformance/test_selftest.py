@@ -68,15 +68,12 @@ def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, im
     kernel_involved = "kernel" in (na.backend, nb.backend)
     netem_race = impair == "netem" and kernel_involved and NETEM_RACE.present()
     acceptor_race = (na.backend, nb.backend) == ("userspace", "kernel") and ACCEPTOR_RACE.present()
+    ra = None
     try:
         ra = na.agent.wait(ja, timeout + 15)
         rb = nb.agent.wait(jb, timeout + 15)
     except Exception as exc:
-        failed_b = "ra" in locals()  # A's job ended: B's failed
-        print(f"{'B' if failed_b else 'A'}: {type(exc).__name__}: {exc}")
-        if not failed_b:
-            nodes.report_other_job(nb, jb)
-        nodes.dump_state([a, b])
+        nodes.report_failure(exc, ra is not None, jb, [a, b])
         if (netem_race or acceptor_race) and nodes.healthy():
             (NETEM_RACE if netem_race else ACCEPTOR_RACE).record(False, f"{type(exc).__name__}: {exc}")
         raise
