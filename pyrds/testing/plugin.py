@@ -31,6 +31,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -257,11 +258,20 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             lr = report.longrepr
             entry["reason"] = lr[2] if isinstance(lr, tuple) else str(lr)
     entry["duration"] = entry.get("duration", 0.0) + report.duration
+    # where the time went (pyrds.testing.timings): the test's wall-clock span and the xdist worker that ran it
+    start, stop = getattr(report, "start", None), getattr(report, "stop", None)
+    if isinstance(start, float) and isinstance(stop, float):
+        entry["start"] = min(entry.get("start", start), start)
+        entry["stop"] = max(entry.get("stop", stop), stop)
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
+    if isinstance(worker, str):
+        entry["worker"] = worker
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     pytest_runtest_logreport._config = session.config  # type: ignore[attr-defined]
+    session.config._pyrds_session_start = time.time()  # type: ignore[attr-defined]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -273,6 +283,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     data = {
         "kernel_release": platform.release(),  # the report's kernel alias (major.minor) comes from it
         "tests": list(session.config._pyrds_results.values()),  # type: ignore[attr-defined]
+        # epoch seconds (controller): with each test's start/stop/worker they show start-up and idle workers
+        "session_start": getattr(session.config, "_pyrds_session_start", None),
+        "session_finish": time.time(),
     }
     with open(path, "w") as f:
         json.dump(data, f, indent=1, default=str)

@@ -3,8 +3,11 @@
 Reads what ``python -m vm matrix --out DIR`` left: ``DIR/matrix.json`` (boot and guest wall time per kernel)
 and ``DIR/<alias>/junit.xml`` (pytest's duration of every test case), and writes ``conformance-timings.md``:
 per kernel the guest wall, the boot, the sum of test durations and how much of the wall the workers spent
-outside tests (start-up, collection, imports); then the scenarios (test functions) by total time and the
-slowest single test cases.
+outside tests (start-up, collection, imports); then, from ``DIR/<alias>/results.json`` (the pyrds plugin's
+``--rds-results``: each test's wall-clock start/stop and xdist worker), each worker's timeline: from the
+session's start to its first test (interpreter, imports, collection), busy, gaps between its tests, and idle
+at the end waiting for the other worker; then the scenarios (test functions) by total time and the slowest
+single test cases.
 
 Unlike the conformance report this file holds times: it differs from run to run and is never compared.
 """
@@ -43,6 +46,7 @@ class KernelTimes:
     boot_s: float | None
     wall_s: float | None
     cases: tuple[Case, ...]
+    workers: tuple[WorkerTimes, ...] = ()
 
     @property
     def tests_s(self) -> float:
@@ -62,6 +66,39 @@ def read_cases(junit: Path) -> list[Case]:
     return cases
 
 
+@dataclass(frozen=True)
+class WorkerTimes:
+    """One pytest-xdist worker's share of a run, in seconds (from results.json start/stop stamps)."""
+
+    worker: str
+    tests: int
+    to_first_test: float  # session start -> the worker's first test started
+    busy: float  # sum of its tests' wall-clock spans (setup + call + teardown)
+    gaps: float  # between its first test's start and its last test's stop, not in a test
+    idle_at_end: float  # its last test's stop -> the session's end
+
+
+def read_workers(results: Path) -> list[WorkerTimes]:
+    """Per-worker timeline of a ``--rds-results`` file; empty when it has no stamps (older files)."""
+    doc = json.loads(results.read_text())
+    t0, t1 = _float(doc.get("session_start")), _float(doc.get("session_finish"))
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for t in doc.get("tests", []):
+        start, stop = _float(t.get("start")), _float(t.get("stop"))
+        if start is not None and stop is not None:
+            spans[str(t.get("worker", "main"))].append((start, stop))
+    if t0 is None or t1 is None:
+        return []
+    out = []
+    for worker, items in sorted(spans.items()):
+        items.sort()
+        busy = sum(b - a for a, b in items)
+        first, last = items[0][0], max(b for _, b in items)
+        gaps = max(0.0, last - first - busy)
+        out.append(WorkerTimes(worker, len(items), first - t0, busy, gaps, max(0.0, t1 - last)))
+    return out
+
+
 def _float(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -74,6 +111,8 @@ def read_matrix(matrix: Path) -> list[KernelTimes]:
         alias = str(entry.get("alias", "?"))
         junit = matrix / alias / "junit.xml"
         cases = tuple(read_cases(junit)) if junit.is_file() else ()
+        results = matrix / alias / "results.json"
+        workers = tuple(read_workers(results)) if results.is_file() else ()
         out.append(
             KernelTimes(
                 alias,
@@ -81,6 +120,7 @@ def read_matrix(matrix: Path) -> list[KernelTimes]:
                 _float(entry.get("boot_s")),
                 _float(entry.get("wall_s")),
                 cases,
+                workers,
             )
         )
     return out
@@ -109,6 +149,24 @@ def render(kernels: list[KernelTimes], workers: int) -> str:
             f"| {k.alias} | {k.release} | {_s(k.boot_s)} | {_s(k.wall_s)} | {len(k.cases)} | {k.tests_s:.1f} "
             f"| {floor:.1f} | {_s(rest)} |"
         )
+    if any(k.workers for k in kernels):
+        lines += [
+            "",
+            "## Worker timelines",
+            "",
+            "Wall-clock seconds per pytest-xdist worker: from the session's start to its first test",
+            "(interpreter, imports, collection), busy in tests, gaps between its tests, idle at the end",
+            "while the other worker still ran.",
+            "",
+            "| kernel | worker | tests | to first test s | busy s | gaps s | idle at end s |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for k in kernels:
+            for w in k.workers:
+                lines.append(
+                    f"| {k.alias} | {w.worker} | {w.tests} | {w.to_first_test:.1f} | {w.busy:.1f} "
+                    f"| {w.gaps:.1f} | {w.idle_at_end:.1f} |"
+                )
     scenarios: dict[str, dict[str, float]] = defaultdict(dict)
     for k in kernels:
         for c in k.cases:

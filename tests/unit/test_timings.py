@@ -54,3 +54,38 @@ def test_cli_writes_file_and_refuses_missing_matrix(tmp_path: Path, capsys) -> N
     assert (out / "conformance-timings.md").read_text().startswith("# Conformance timings")
     assert timings.main(["--matrix", str(tmp_path / "nothing"), "--out", str(out)]) == 1
     assert "matrix.json not found" in capsys.readouterr().err
+
+
+def test_worker_timelines_from_results_json(tmp_path: Path) -> None:
+    m = _matrix(tmp_path)
+    results = {
+        "session_start": 1000.0,
+        "session_finish": 1100.0,
+        "tests": [
+            {"nodeid": "a", "worker": "gw0", "start": 1012.0, "stop": 1040.0},
+            {"nodeid": "b", "worker": "gw0", "start": 1045.0, "stop": 1095.0},
+            {"nodeid": "c", "worker": "gw1", "start": 1014.0, "stop": 1060.0},
+            {"nodeid": "d", "outcome": "skipped"},  # no stamps: not counted
+        ],
+    }
+    (m / "7.3" / "results.json").write_text(json.dumps(results))
+    k73 = timings.read_matrix(m)[1]
+    gw0, gw1 = k73.workers
+    assert (gw0.worker, gw0.tests, gw0.to_first_test, gw0.busy, gw0.gaps, gw0.idle_at_end) == (
+        "gw0",
+        2,
+        12.0,
+        78.0,
+        5.0,
+        5.0,
+    )
+    assert (gw1.to_first_test, gw1.busy, gw1.gaps, gw1.idle_at_end) == (14.0, 46.0, 0.0, 40.0)
+    text = timings.render(timings.read_matrix(m), workers=2)
+    assert "| 7.3 | gw1 | 1 | 14.0 | 46.0 | 0.0 | 40.0 |" in text
+
+
+def test_results_without_stamps_give_no_timeline(tmp_path: Path) -> None:
+    m = _matrix(tmp_path)
+    (m / "7.3" / "results.json").write_text(json.dumps({"tests": [{"nodeid": "a", "outcome": "passed"}]}))
+    assert timings.read_matrix(m)[1].workers == ()
+    assert "## Worker timelines" not in timings.render(timings.read_matrix(m), workers=2)
