@@ -263,8 +263,8 @@ class TwoNodes:
         """Print what each node's RDS/TCP looks like (``ss -tni``, RDS_INFO connections, TCP sockets, non-zero
         counters, send/retransmit queue lengths) to the test's log: called when a transfer stalled, so the
         log says where it stopped. ``socks``: one socket per node, A's first. Never raises."""
-        from pyrds.constants import InfoType
-        from pyrds.info import counters_dict
+        from pyrds.constants import PYRDS_INFO_STACK_COUNTERS, SOL_RDS, InfoType
+        from pyrds.info import counters_dict, parse_info
 
         for node, sock in zip(self.nodes, socks, strict=False):
             print(f"--- node {node.backend} {node.addr4}")
@@ -275,6 +275,11 @@ class TwoNodes:
                         print(f"  {t.name}: {rec}")
                 counters = counters_dict(sock.get_info(InfoType.RDS_INFO_COUNTERS))
                 print("  counters:", {k: v for k, v in counters.items() if v})
+                if node.backend == "userspace":  # the userspace-only ones (e.g. connections closed unread)
+                    raw = sock.getsockopt(SOL_RDS, PYRDS_INFO_STACK_COUNTERS, 1 << 16)
+                    every = counters_dict(parse_info(InfoType.RDS_INFO_COUNTERS, raw))  # type: ignore[arg-type]
+                    extra = {k: v for k, v in every.items() if v and k not in counters}
+                    print("  stack-only counters:", extra)
                 queued = len(sock.get_info(InfoType.RDS_INFO_SEND_MESSAGES))
                 retrans = len(sock.get_info(InfoType.RDS_INFO_RETRANS_MESSAGES))
                 received = len(sock.get_info(InfoType.RDS_INFO_RECV_MESSAGES))

@@ -18,7 +18,7 @@ import random
 import select
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pyrds.constants import SOL_RDS
@@ -216,6 +216,18 @@ MAINLINE_RESET_ERRNOS = (errno.EAGAIN, errno.ENOBUFS, errno.ECONNRESET, errno.EP
 RDS_INFO_FIRST, RDS_INFO_LAST = 10000, 10017
 
 
+def _ranges(numbers: Iterable[int], limit: int = 12) -> str:
+    """``1-5,9,12-14`` for sorted runs of ``numbers`` (at most ``limit`` runs, then how many more)."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    text = ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs[:limit])
+    return text + (f",... ({len(runs) - limit} more runs)" if len(runs) > limit else "")
+
+
 def mainline_plan(count: int) -> list[tuple[int, int]]:
     """(sender, receiver) node index of message n in the mainline selftest's pattern: senders alternate
     0, 1; the receiver follows n % 3, so a node also sends to itself (1->1, 0->0, 1->1 in each 6)."""
@@ -268,6 +280,10 @@ def mainline_selftest(
     sent_hash = {r: hashlib.sha256() for r in (0, 1)}
     recv_hash = {s: hashlib.sha256() for s in (0, 1)}
     recv_n = {0: 0, 1: 0}
+    # which messages arrived from each sender: a stall then says which are missing (one burst's block, the
+    # tail, scattered ones), not only how many
+    number_of = {mainline_payload(n): n for n, (_s, r) in enumerate(plan) if r == me}
+    arrived: dict[int, set[int]] = {0: set(), 1: set()}
     strangers = 0
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
@@ -276,9 +292,19 @@ def mainline_selftest(
     while idx < len(mine) or any(recv_n[s] < expect[s] for s in (0, 1)):
         why = watchdog.why_stop((idx, sum(recv_n.values())))
         if why:
+            # by ordinal: the k-th message that sender addressed to this node (a lost burst is one run)
+            missing = {
+                src: _ranges(
+                    k
+                    for k, n in enumerate(n for n, (s, r) in enumerate(plan) if s == src and r == me)
+                    if n not in arrived[src]
+                )
+                for src in (0, 1)
+                if recv_n[src] < expect[src]
+            }
             raise TimeoutError(
                 f"node {me}: {why}: sent {idx}/{len(mine)}, received {recv_n} of {expect}, "
-                f"{resets} sysctl rewrites"
+                f"{resets} sysctl rewrites; missing (k-th message from that sender) by sender: {missing}"
             )
         burst = 0
         while idx < len(mine) and burst < max_burst:
@@ -308,6 +334,9 @@ def mainline_selftest(
                 continue
             recv_hash[src].update(b"<" + data + b">")
             recv_n[src] += 1
+            n_got = number_of.get(data)
+            if n_got is not None:
+                arrived[src].add(n_got)
         if burst:
             _rewrite_buffer_sysctls(backend)
             resets += 1

@@ -30,3 +30,11 @@ def test_mainline_pattern() -> None:
     plan = mainline_plan(12)
     assert plan[:6] == [(0, 1), (1, 0), (0, 1), (1, 1), (0, 0), (1, 1)]
     assert plan[6:] == plan[:6]
+
+
+def test_ranges_names_missing_messages_as_runs() -> None:
+    from pyrds.testing.workloads import _ranges
+
+    assert _ranges([5, 1, 2, 3, 9, 10]) == "1-3,5,9-10"
+    assert _ranges([]) == ""
+    assert _ranges(range(0, 40, 2), limit=3) == "0,2,4,... (17 more runs)"

@@ -69,7 +69,15 @@ TCP_NAMES = (
 #: what RDS_INFO_COUNTERS reports, in this order
 INFO_NAMES = (*KERNEL_NAMES, *TCP_NAMES)
 #: userspace-only counters (no kernel equivalent): only in ``pyrds.userspace.control.stack_counters``
-EXTRA_NAMES = ("tcp_protocol_error", "tcp_accept_refused", "recv_drop_dup", "send_canceled")
+EXTRA_NAMES = (
+    "tcp_protocol_error",
+    "tcp_accept_refused",
+    "recv_drop_dup",
+    "send_canceled",
+    "tcp_connect_raced",
+    "tcp_close_unread",  # TCP connections closed with received bytes nobody read (RDS/TCP: acked, so lost)
+    "tcp_close_unread_bytes",
+)
 
 
 def new_counters() -> dict[str, int]:

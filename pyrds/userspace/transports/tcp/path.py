@@ -33,7 +33,7 @@ from pyrds.userspace.proto.path import PathEngine, PathState
 from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, Lane
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
 from pyrds.userspace.stack.transport import EventLoop, StackHost
-from pyrds.userspace.transports.tcp.sockopt import bind_path_port, tune, unacked_bytes
+from pyrds.userspace.transports.tcp.sockopt import bind_path_port, tune, unacked_bytes, unread_bytes
 
 __all__ = ["PathOwner", "R", "TcpPath", "W"]
 
@@ -289,6 +289,19 @@ class TcpPath:
         if s is not None:
             self.check_acks()
             self.loop.unregister(s)
+            unread = unread_bytes(s)
+            if unread:
+                # bytes the peer's TCP saw acked (an RDS/TCP sender frees messages on that) but never read:
+                # closing now loses them. Counted so a transfer that lost messages shows where.
+                self.host.counters["tcp_close_unread"] += 1
+                self.host.counters["tcp_close_unread_bytes"] += unread
+                log.warning(
+                    "RDS/TCP %s -> %s path %d: closing with %d unread bytes",
+                    self.conn.faddr,
+                    self.conn.laddr,
+                    self.index,
+                    unread,
+                )
             s.close()
             self.sock = None
             self.host.counters["conn_reset"] += 1

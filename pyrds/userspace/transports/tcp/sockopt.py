@@ -38,6 +38,15 @@ def unacked_bytes(s: socket.socket) -> int | None:
     return outq
 
 
+def unread_bytes(s: socket.socket) -> int:
+    """SIOCINQ: bytes the peer sent that the local TCP acked but nobody read yet; 0 on error."""
+    try:
+        inq: int = _OUTQ.unpack(fcntl.ioctl(s.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):  # ValueError: already closed (fileno -1)
+        return 0
+    return inq
+
+
 def local_port_range() -> tuple[int, int]:
     """``net.ipv4.ip_local_port_range`` of this namespace (32768..60999 if unreadable)."""
     try:
