@@ -4,17 +4,18 @@ Control connection: AF_UNIX SOCK_SEQPACKET. Every packet starts with one byte sa
 the same record follow; a record larger than one packet is split (:func:`packet_limit` bytes each, at most
 :data:`MAX_PACKET`, so a 64 KiB message crosses in one packet).
 
-Records: the data path has compact binary records, the rest is ``marshal``:
+Records: the data path has compact binary records, the rest is :mod:`pyrds.userspace.values` (a fixed,
+bounded encoding of plain values; no foreign byte ever reaches ``marshal`` or ``pickle``):
 
 - ``SEND`` request: :data:`SEND_REQ` (tag, flags, nonblock, destination length, port, ancillary length),
-  the packed destination address, ``marshal(ancdata)`` (only when there is any) and the payload, which the
+  the packed destination address, ``values(ancdata)`` (only when there is any) and the payload, which the
   client passes to ``sendmsg`` as its own buffer (no copy in Python). Reply: :data:`SEND_REP` (code, bytes).
 - ``RECV`` request: :data:`RECV_REQ` (tag, bufsize, ancbufsize, flags, nonblock). Reply: :data:`RECV_REP`
   (code, msg_flags, source port, scope id, address length, ancillary length), the packed source address,
-  ``marshal(ancdata)`` and the data.
-- anything else: request ``marshal((op, args))``, reply ``marshal((errno, result))``. A marshal record never
-  starts with a binary tag byte. Only plain values (ints, bytes, str, tuples, lists, dicts, None) cross;
-  int subclasses such as ``IntEnum``/``IntFlag`` (``socket.MSG_DONTWAIT``) are converted to ``int``.
+  ``values(ancdata)`` and the data.
+- anything else: request ``values((op, args))``, reply ``values((errno, result))``. Such a record starts
+  with a value tag (an ASCII letter), never a binary tag byte. Only plain values (ints, floats, bytes, str,
+  tuples, lists, dicts, None) cross; int subclasses such as ``IntEnum``/``IntFlag`` travel as ``int``.
 
 Reply codes: 0 success, an errno, or :data:`WAIT_CONG`.
 """
@@ -23,13 +24,14 @@ from __future__ import annotations
 
 import array
 import enum
-import marshal
 import select
 import socket
 import struct
 import threading
 from collections.abc import Sequence
 from typing import Any
+
+from pyrds.userspace import values
 
 CHUNK = 60 * 1024  # packet size that always fits (the default AF_UNIX send buffer is 208 KiB)
 MAX_PACKET = 256 * 1024  # no packet is larger: receive buffers hold one whole packet
@@ -64,16 +66,16 @@ class Op(enum.IntEnum):
 #: reply code: a blocking sender must wait for the destination port to uncongest (not an errno)
 WAIT_CONG = 100000
 
-#: first byte of a binary record (marshal output starts with a type code, never one of these)
+#: first byte of a binary record (a values record starts with an ASCII letter, never one of these)
 TAG_SEND = 0x01
 TAG_RECV = 0x02
-#: tag, flags, nonblock, len(packed daddr) (0 = none), dport, len(marshal(ancdata)) (0 = none)
+#: tag, flags, nonblock, len(packed daddr) (0 = none), dport, len(values(ancdata)) (0 = none)
 SEND_REQ = struct.Struct("<BiBBHI")
 #: code, bytes sent
 SEND_REP = struct.Struct("<iq")
 #: tag, bufsize, ancbufsize, flags, nonblock
 RECV_REQ = struct.Struct("<BqqiB")
-#: code, msg_flags, sport, scope_id, len(packed saddr) (0 = none), len(marshal(ancdata))
+#: code, msg_flags, sport, scope_id, len(packed saddr) (0 = none), len(values(ancdata))
 RECV_REP = struct.Struct("<iiHIBI")
 
 
@@ -99,16 +101,14 @@ def plain(value: Any) -> Any:
 
 
 def encode(value: Any) -> bytes:
-    try:
-        return marshal.dumps(value)
-    except ValueError:  # "unmarshallable object": an IntEnum/IntFlag somewhere
-        return marshal.dumps(plain(value))
+    return values.encode(value)
 
 
 def decode(raw: Buffer) -> Any:
+    """The value of a record; :class:`ConnectionClosed` (the caller drops that connection) if malformed."""
     try:
-        return marshal.loads(raw)
-    except (EOFError, ValueError, TypeError) as exc:
+        return values.decode(raw)
+    except ValueError as exc:
         raise ConnectionClosed(f"bad record: {exc}") from None
 
 

@@ -42,7 +42,8 @@ ROOMS: tuple[Room, ...] = (
         stdlib_banned=("socket", "selectors", "select", "threading", "subprocess", "os", "time", "logging"),
     ),
     Room(f"{US}.config", ("pyrds.constants",)),
-    Room(f"{US}.rpc", ()),
+    Room(f"{US}.values", ()),  # the control connection's value encoding (no foreign byte reaches marshal)
+    Room(f"{US}.rpc", (f"{US}.values",)),
     Room(
         f"{US}.stack",
         (f"{US}.proto", f"{US}.config", "pyrds.constants", "pyrds.addr", "pyrds.info", "pyrds.cmsg"),

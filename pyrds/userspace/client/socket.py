@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import marshal
 import os
 import select
 import socket
@@ -159,7 +158,7 @@ class RDSSocket(RDSSocketBase):
             off = rpc.RECV_REP.size
             src = _source(bytes(rep[off : off + alen]), port, scope) if alen else None
             off += alen
-            anc = [tuple(a) for a in marshal.loads(rep[off : off + anclen])] if anclen else []
+            anc = [tuple(a) for a in rpc.decode(rep[off : off + anclen])] if anclen else []
             data = bytes(rep[off + anclen :])
         except (struct.error, EOFError, ValueError, TypeError):
             raise os_error(errno.EPIPE, "bad reply from the pyrds stack service") from None

@@ -186,14 +186,22 @@ class Service:
         if tag == rpc.TAG_RECV:
             self._fast_recv(ctl, record)
             return
-        op, args = rpc.decode(record)
+        request = rpc.decode(record)  # ConnectionClosed (malformed): the caller drops this connection only
         req = Request(self.stack, ctl.rs)
         try:
+            if not (isinstance(request, tuple) and len(request) == 2 and type(request[0]) is int):
+                raise StackError(errno.EINVAL)  # well-formed values, but not (op, args)
+            op, args = request
             reply = (0, dispatch(req, op, args))
         except Exception as exc:
             reply = error_reply(exc)
         ctl.rs = req.rs  # OPEN made the connection's socket
-        rpc.send_record(ctl.sock, rpc.encode(reply), req.fds, ctl.limit)
+        try:
+            raw = rpc.encode(reply)
+        except (TypeError, ValueError, OverflowError) as exc:  # a result with no plain-value form: a bug here
+            log.error("unencodable reply to op %r: %s", request, exc)
+            raw = rpc.encode((errno.EIO, None))
+        rpc.send_record(ctl.sock, raw, req.fds, ctl.limit)
 
     def _fast_send(self, ctl: _Control, record: rpc.Buffer) -> None:
         view = memoryview(record)
