@@ -124,3 +124,77 @@ def test_deliberate_close_is_a_fin_and_reads_until_the_peers_fin(tcp_pair: tuple
     run_until_closed(path)
     assert conn.mgr.stack.delivered == [b"late"]
     assert path.sock is None
+
+
+class DialingConn(FakeConn):
+    """An owner on 127.0.0.1 that dials ``port``; records the messages the path reports acked."""
+
+    owner = True
+    laddr = faddr = ipaddress.ip_address("127.0.0.1")
+
+    def __init__(self, port: int) -> None:
+        super().__init__()
+        self.host.config.tcp_peer_port = port
+        self.acked: list[bytes] = []
+        self.host.acked = lambda msg: self.acked.append(msg.payload)  # type: ignore[method-assign]
+
+    def new_socket(self) -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        return s
+
+
+def test_reset_while_the_connect_event_is_pending_still_reads_what_the_peer_sent() -> None:
+    """A path whose TCP handshake completed before the event loop handled its connect event is dropped (a
+    sysctl rewrite, another path lost): what the peer already sent on it was acked by our TCP, and a 7.x
+    kernel freed it on that ack, so it must be read and delivered, with a FIN, not discarded with a reset."""
+    with socket.create_server(("127.0.0.1", 0)) as lst:
+        conn = DialingConn(lst.getsockname()[1])
+        path = conn.paths[0]
+        path._dial()  # connect event registered with the fake loop, never handled
+        peer, _ = lst.accept()
+        with peer:
+            peer.sendall(peer_frames(b"early", b"bird"))
+            time.sleep(0.05)  # acked by our TCP, unread
+            path.begin_close()
+            peer.settimeout(5)
+            got = b""
+            while chunk := peer.recv(65536):  # ECONNRESET here when the path threw the bytes away
+                got += chunk
+            peer.shutdown(socket.SHUT_WR)
+            run_until_closed(path)
+    assert conn.host.delivered == [b"early", b"bird"]
+    assert conn.host.counters["tcp_close_unread"] == 0
+    assert path.sock is None
+
+
+def test_a_dialling_socket_acks_nothing_of_the_last_connection() -> None:
+    """Messages in flight when a connection died stay unacked (they are retransmitted on the next one): the
+    new, still dialling socket's SIOCOUTQ (0) must not be read as "the peer acked all written before"."""
+    with socket.create_server(("127.0.0.1", 0)) as lst:
+        conn = DialingConn(lst.getsockname()[1])
+        path = conn.paths[0]
+        with socket.socket() as old_peer:
+            old_peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            old_peer.bind(("127.0.0.1", 0))
+            old_peer.listen(1)
+            ours = socket.create_connection(old_peer.getsockname())
+            ours.setblocking(False)
+            peer, _ = old_peer.accept()
+            path.established(ours)
+            path.confirmed = True
+            for i in range(64):  # far more than the peer's window: most stays unacked in our send queue
+                path.queue(Outgoing(1, conn.laddr, conn.faddr, 4000, 5000, bytes([i]) * 60000))
+            assert path.engine.unacked, "nothing in flight: the test cannot tell"
+            in_flight = len(path.engine.unacked)
+            peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            peer.close()  # RST: the connection dies with messages unacked
+            run_until_closed(path)
+        assert path.sock is None
+        acked_before = len(conn.acked)
+        path._dial()  # the re-dial, its connect event not handled yet
+        lst.accept()[0].close()
+        path.check_acks()  # the ack timer, a flush for a congestion map change
+        path.begin_close()  # a sysctl rewrite while dialling
+        assert len(conn.acked) == acked_before, "messages of the dead connection reported acked"
+        assert len(path.engine.unacked) == in_flight - acked_before

@@ -171,6 +171,7 @@ class TcpPath:
         self.sock = s
         self.gen += 1
         self.confirmed = self.closing = False
+        self.wire_bytes = 0  # SIOCOUTQ of this socket says nothing about the last connection's bytes
         self.engine.connecting(time.monotonic())
         self.loop.register(s, W, self._on_connect)
 
@@ -252,8 +253,12 @@ class TcpPath:
         if s is None or self.closing:
             return
         if self.engine.state == PathState.CONNECTING:
-            self.lost()
-            return
+            if not _connected(s):
+                self.lost()  # no handshake yet: the peer cannot have sent anything on it
+                return
+            # TCP is up but its connect event was not handled yet: the peer may already have sent messages,
+            # which its TCP saw acked (a 7.x kernel frees them on that). Close it like any other connection.
+            self.established(s, registered=True)
         self.closing = True
         self.check_acks()
         self.outbuf = b""
@@ -306,6 +311,7 @@ class TcpPath:
             self.sock = None
             self.host.counters["conn_reset"] += 1
         self.outbuf = b""
+        self.wire_bytes = 0
         self.closing = self.confirmed = False
         self.gen += 1
         if self.engine.state != PathState.DOWN:
@@ -376,9 +382,10 @@ class TcpPath:
 
     def check_acks(self) -> None:
         """Messages whose last byte the peer's TCP acked: bytes the socket accepted minus SIOCOUTQ (which
-        counts a FIN too: conservative until the FIN is acked)."""
+        counts a FIN too: conservative until the FIN is acked). Nothing before the connection is established:
+        a dialling socket's SIOCOUTQ is 0 and says nothing about what the last connection left unacked."""
         s = self.sock
-        if s is None:
+        if s is None or self.engine.state == PathState.CONNECTING:
             return
         outq = unacked_bytes(s)
         if outq is None:
@@ -475,3 +482,12 @@ class TcpPath:
                 pass  # the pong's handshake came as NpathsNegotiated; a map of the wrong length is ignored
             case _:
                 assert_never(ev)
+
+
+def _connected(s: socket.socket) -> bool:
+    """The TCP handshake of a non-blocking connect completed (whether or not its event was handled)."""
+    try:
+        s.getpeername()
+    except OSError:
+        return False
+    return not s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
