@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
+import struct
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pyrds.constants import RDS_RECONNECT_MAX_DELAY_MS, RDS_RECONNECT_MIN_DELAY_MS, RDS_TCP_PORT
 
@@ -79,11 +82,45 @@ def stack_address(name: str | None = None) -> bytes:
     return b"\0" + (name or stack_name()).encode()
 
 
+# -- trust (docs/userspace.md, "Trust model"): the shared stack's name is served by uid 0 only; a user whose
+# process finds no root service gets a private stack, serving that uid only, under a name derived from it.
+
+
+def private_stack_name(uid: int, base: str | None = None) -> str:
+    """The abstract name of uid's private stack: the shared name + ``-uid<N>``."""
+    return f"{base or stack_name()}-uid{int(uid)}"
+
+
+def default_owner() -> int | None:
+    """Whom a service started by this process serves: None (everyone: the shared stack) for euid 0, else the
+    effective uid (a private stack)."""
+    euid = os.geteuid()
+    return None if euid == 0 else euid
+
+
+class PeerCred(NamedTuple):
+    """SO_PEERCRED of a unix socket: the peer's pid, effective uid and gid at connect()/listen() time."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+_UCRED = struct.Struct("3i")
+
+
+def peer_cred(sock: socket.socket) -> PeerCred:
+    """The peer's credentials as the kernel recorded them (uids mapped into our user namespace)."""
+    return PeerCred(*_UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)))
+
+
 @dataclass
 class StackConfig:
     """Settings of one stack (one per network namespace)."""
 
     name: str = field(default_factory=stack_name)
+    #: None: the shared stack (served by root, to every uid); a uid: that uid's private stack
+    owner: int | None = field(default_factory=default_owner)
     tcp_port: int = field(default_factory=lambda: _env_int("PYRDS_TCP_PORT", RDS_TCP_PORT))
     tcp_peer_port: int = field(default_factory=lambda: _env_int("PYRDS_TCP_PEER_PORT", RDS_TCP_PORT))
     #: seconds the service lingers after its last client left (when idle); <0 means run forever
@@ -95,6 +132,11 @@ class StackConfig:
     sysctl: dict[str, int] = field(default_factory=lambda: dict(SYSCTL_DEFAULTS))
     #: the stack serves the initial network namespace (7.3: SO_RDS_TRANSPORT IB/IWARP elsewhere is EPROTOTYPE)
     initial_netns: bool = field(default_factory=in_initial_netns)
+
+    @property
+    def served_name(self) -> str:
+        """The abstract name this stack listens on: :attr:`name`, or its private form for :attr:`owner`."""
+        return self.name if self.owner is None else private_stack_name(self.owner, self.name)
 
     def set_sysctl(self, name: str, value: int) -> None:
         if name not in self.sysctl:

@@ -1,6 +1,12 @@
-"""The daemon process: ``python -m pyrds.userspace.service`` runs :func:`main` (logging, the listener,
-RDS/TCP, the loop until idle). A second service in the same namespace loses the bind race with EADDRINUSE
-and exits 0.
+"""The daemon process: ``python -m pyrds.userspace.service [--shared|--private]`` runs :func:`main`
+(logging, the listener, RDS/TCP, the loop until idle). A second service in the same namespace loses the bind
+race with EADDRINUSE and exits 0.
+
+``--shared`` serves the namespace's shared stack (every uid) and needs euid 0 (exit 2 otherwise);
+``--private`` serves the calling uid's private stack (``<name>-uid<N>``) only. Without either, root serves the
+shared stack and any other uid its private one. The process makes itself not dumpable
+(``prctl(PR_SET_DUMPABLE, 0)``): /proc/<pid>/mem, ptrace and core dumps are then for root only, not for
+other processes of the same uid.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import logging
 import os
 import sys
 
+from pyrds.userspace.config import StackConfig
 from pyrds.userspace.service.server import Service
 
 __all__ = ["main"]
@@ -30,6 +37,37 @@ def _tune_malloc() -> None:
         pass
 
 
+PR_SET_DUMPABLE = 4  # include/uapi/linux/prctl.h
+
+
+def _not_dumpable() -> None:
+    """prctl(PR_SET_DUMPABLE, 0): another process of our uid can no longer read our memory (/proc/PID/mem,
+    ptrace) nor would a core dump hold queued messages. Best effort (glibc via ctypes)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        zero = ctypes.c_ulong(0)
+        if libc.prctl(ctypes.c_int(PR_SET_DUMPABLE), zero, zero, zero, zero) != 0:
+            log.warning("prctl(PR_SET_DUMPABLE, 0) failed: %s", os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as exc:
+        log.warning("cannot make the service non-dumpable: %s", exc)
+
+
+def _owner(argv: list[str]) -> int | None:
+    """The uid the service serves alone (a private stack) or None (the shared stack); ValueError: misuse."""
+    euid = os.geteuid()
+    if argv == ["--shared"]:
+        if euid != 0:
+            raise ValueError("--shared needs euid 0: only root serves the shared stack")
+        return None
+    if argv == ["--private"]:
+        return euid
+    if not argv:
+        return None if euid == 0 else euid
+    raise ValueError(f"usage: python -m pyrds.userspace.service [--shared|--private], not {argv}")
+
+
 def main(argv: list[str] | None = None) -> int:
     _tune_malloc()
     logging.basicConfig(
@@ -37,7 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="pyrds-stack[%(process)d] %(levelname)s %(message)s",
     )
-    svc = Service()
+    try:
+        owner = _owner(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    _not_dumpable()
+    svc = Service(config=StackConfig(owner=owner))
     try:
         svc.bind()
     except OSError as exc:

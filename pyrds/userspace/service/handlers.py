@@ -5,6 +5,9 @@
 A handler gets the :class:`Request` and the operation's arguments and returns the result; it fails by raising
 (:class:`~pyrds.userspace.stack.errors.StackError` for an errno). Every operation but those in
 :data:`WITHOUT_SOCKET` needs the connection's RDS socket (EBADF before OPEN); an unknown operation is EINVAL.
+Stack-wide writes (SYSCTL_SET, which ``control.force_reconnect`` uses too) need privilege
+(:func:`~pyrds.userspace.service.trust.may_administer`): EACCES otherwise, as for an unprivileged write to
+/proc/sys/net/rds.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from typing import Any
 
 from pyrds.addr import IPAddress
 from pyrds.userspace import rpc
+from pyrds.userspace.config import PeerCred
 from pyrds.userspace.service.readiness import Readiness
+from pyrds.userspace.service.trust import may_administer
 from pyrds.userspace.stack import info_tables, sockopts
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.errors import StackError
@@ -29,11 +34,13 @@ __all__ = ["HANDLERS", "WITHOUT_SOCKET", "Request", "dispatch"]
 @dataclass
 class Request:
     """One control request: the stack, the connection's socket (None before OPEN; OPEN sets it and the
-    server keeps it for the connection) and the fds to pass back with the reply (SCM_RIGHTS)."""
+    server keeps it for the connection), the fds to pass back with the reply (SCM_RIGHTS) and the client's
+    SO_PEERCRED (None: an in-process caller)."""
 
     stack: Stack
     rs: SockState | None
     fds: list[int] = field(default_factory=list)
+    peer: PeerCred | None = None
 
     @property
     def sock(self) -> SockState:
@@ -66,6 +73,8 @@ def _sysctl_set(req: Request, args: Any) -> None:
     config = req.stack.config
     if name not in config.sysctl:
         raise StackError(errno.ENOENT)
+    if not may_administer(req.peer, config.owner):
+        raise StackError(errno.EACCES)
     config.set_sysctl(name, value)
     if name in ("rds_tcp_sndbuf", "rds_tcp_rcvbuf"):
         for transport in req.stack.transports:

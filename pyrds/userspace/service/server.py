@@ -5,6 +5,10 @@ has been idle (no clients, no transport busy) for ``PYRDS_IDLE_EXIT`` seconds (d
 forever). The data path (binary SEND/RECV records) is served here; every other operation goes through the
 table in :mod:`pyrds.userspace.service.handlers`. :class:`Service` can also run embedded (e.g. in a thread)
 for tests: ``bind()``, ``start_tcp()``, ``serve_forever()``, ``stop()``.
+
+Trust (:mod:`.trust`): a root service serves the shared name to every uid; a service of another uid serves
+``<name>-uid<N>`` (:attr:`StackConfig.served_name`) and closes, unread, every connection whose SO_PEERCRED
+uid is not its own. Each connection keeps its peer's credentials for the privilege checks of the handlers.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import os
 import selectors
 import socket
 import struct
@@ -20,10 +25,11 @@ import time
 
 from pyrds.addr import IPAddress
 from pyrds.userspace import rpc
-from pyrds.userspace.config import StackConfig, stack_address
+from pyrds.userspace.config import PeerCred, StackConfig, peer_cred, stack_address
 from pyrds.userspace.service.eventloop import SelectorLoop
 from pyrds.userspace.service.handlers import Request, dispatch
 from pyrds.userspace.service.replies import error_reply
+from pyrds.userspace.service.trust import may_connect
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.errors import StackError
 from pyrds.userspace.stack.outbox import Outbox
@@ -38,8 +44,9 @@ log = logging.getLogger("pyrds.userspace.service")
 class _Control:
     """One control connection: its socket, record reassembly and the RDS socket it serves (after OPEN)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, peer: PeerCred) -> None:
         self.sock = sock
+        self.peer = peer
         self.asm = rpc.Reassembler()
         self.rs: SockState | None = None
         self.limit = rpc.tune(sock)
@@ -81,10 +88,13 @@ class Service:
 
     # -- lifetime
     def bind(self) -> None:
-        """Bind the abstract listener; OSError(EADDRINUSE) when another service already serves this netns."""
+        """Bind the abstract listener (the shared name, or the owner's private one); OSError(EADDRINUSE) when
+        another service already serves it, EPERM for a shared stack when we are not root."""
+        if self.config.owner is None and os.geteuid() != 0:
+            raise PermissionError(errno.EPERM, "only root serves the shared pyrds stack (use a private one)")
         lsock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            lsock.bind(stack_address(self.config.name))
+            lsock.bind(stack_address(self.config.served_name))
         except OSError:
             lsock.close()
             raise
@@ -138,8 +148,19 @@ class Service:
             sock, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return
+        try:
+            peer = peer_cred(sock)
+        except OSError:
+            sock.close()
+            return
+        if not may_connect(peer, self.config.owner):
+            log.warning(
+                "refused uid %d (pid %d) on uid %s's private stack", peer.uid, peer.pid, self.config.owner
+            )
+            sock.close()
+            return
         sock.setblocking(False)
-        ctl = _Control(sock)
+        ctl = _Control(sock, peer)
         self._controls[sock.fileno()] = ctl
         self.loop.register(sock, selectors.EVENT_READ, lambda _m: self._on_control(ctl))
 
@@ -187,7 +208,7 @@ class Service:
             self._fast_recv(ctl, record)
             return
         request = rpc.decode(record)  # ConnectionClosed (malformed): the caller drops this connection only
-        req = Request(self.stack, ctl.rs)
+        req = Request(self.stack, ctl.rs, peer=ctl.peer)
         try:
             if not (isinstance(request, tuple) and len(request) == 2 and type(request[0]) is int):
                 raise StackError(errno.EINVAL)  # well-formed values, but not (op, args)
