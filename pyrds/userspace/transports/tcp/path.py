@@ -101,8 +101,9 @@ class TcpPath:
         self.pending: dict[int, Outgoing] = {}
         self.dial_scheduled = False
         self.ack_scheduled = False
+        #: owner: the peer accepted the current connection (the one fact of a path's life the engine's
+        #: PathState does not hold; see :attr:`lane`)
         self.confirmed = False
-        self.closing = False
         self.gen = 0  # connection generation: stale timers compare it
         self.staged: deque[Outgoing] = deque()
         self.catchup_scheduled = False
@@ -112,7 +113,15 @@ class TcpPath:
         return self.engine.state == PathState.UP
 
     @property
+    def closing(self) -> bool:
+        """A graceful close is under way: FIN sent, still reading until the peer's FIN."""
+        return self.sock is not None and self.engine.state == PathState.DISCONNECTING
+
+    @property
     def lane(self) -> Lane:
+        """The owner's view (:mod:`pyrds.userspace.proto.pathset`), derived from the one home of a path's
+        lifecycle: the engine's :class:`PathState` (the kernel's ``cp_state``) for the current socket, plus
+        :attr:`confirmed`."""
         if self.sock is None:
             return Lane.DOWN
         if self.closing:
@@ -170,7 +179,7 @@ class TcpPath:
             return
         self.sock = s
         self.gen += 1
-        self.confirmed = self.closing = False
+        self.confirmed = False
         self.wire_bytes = 0  # SIOCOUTQ of this socket says nothing about the last connection's bytes
         self.engine.connecting(time.monotonic())
         self.loop.register(s, W, self._on_connect)
@@ -199,7 +208,6 @@ class TcpPath:
             svc.register(s, R, self._on_io)
         self.outbuf = b""
         self.wire_bytes = 0
-        self.closing = False
         self.confirmed = not self.conn.owner
         self.engine.connection_made(time.monotonic())
         if self.index != 0:  # 6.1 sets c_map_queued on every path's connect; it tells the owner we accepted
@@ -259,7 +267,6 @@ class TcpPath:
             # TCP is up but its connect event was not handled yet: the peer may already have sent messages,
             # which its TCP saw acked (a 7.x kernel frees them on that). Close it like any other connection.
             self.established(s, registered=True)
-        self.closing = True
         self.check_acks()
         self.outbuf = b""
         self.engine.disconnecting(time.monotonic())
@@ -312,7 +319,7 @@ class TcpPath:
             self.host.counters["conn_reset"] += 1
         self.outbuf = b""
         self.wire_bytes = 0
-        self.closing = self.confirmed = False
+        self.confirmed = False
         self.gen += 1
         if self.engine.state != PathState.DOWN:
             self.engine.connection_lost(time.monotonic())
