@@ -40,7 +40,8 @@ def sysctl_get() -> dict[str, int]:
 
 
 def sysctl_set(name: str, value: int) -> None:
-    """ENOENT for an unknown name."""
+    """ENOENT for an unknown name; EACCES without privilege (uid 0, CAP_NET_ADMIN or the private stack's
+    owner), as for an unprivileged write to /proc/sys/net/rds. ``force_reconnect`` needs the same."""
     _call(rpc.Op.SYSCTL_SET, (str(name), int(value)))
 
 
