@@ -128,9 +128,7 @@ class RDSSocketBase(abc.ABC):
             flags, address = args
         else:
             raise TypeError(f"sendto() takes 2 or 3 arguments ({len(args) + 1} given)")
-        if not isinstance(flags, int):
-            raise TypeError("flags must be int")
-        return self.sendmsg([data], (), flags, address)
+        return self.sendmsg([data], (), c_int(flags), address)
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         return self.recvmsg(bufsize, 0, flags)[0]
@@ -293,6 +291,74 @@ class RDSSocketBase(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+# -- the stdlib's argument checks, for a backend that does not go through CPython's C socket code
+_INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
+_SSIZE_MAX = (1 << 63) - 1
+
+
+def c_int(value: Any) -> int:
+    """``value`` as CPython's ``"i"`` argument format takes it (flags): TypeError for a non-integer,
+    OverflowError outside a C int, with CPython's messages."""
+    v = operator.index(value)
+    if v > _INT_MAX:
+        raise OverflowError("signed integer is greater than maximum")
+    if v < _INT_MIN:
+        raise OverflowError("signed integer is less than minimum")
+    return v
+
+
+def c_ssize(value: Any) -> int:
+    """``value`` as CPython's ``"n"`` format takes it (buffer sizes)."""
+    v = operator.index(value)
+    if not -_SSIZE_MAX - 1 <= v <= _SSIZE_MAX:
+        raise OverflowError("Python int too large to convert to C ssize_t")
+    return v
+
+
+def int_arg(value: Any, what: str) -> int:
+    """An int argument of an option/ioctl call, checked like the kernel backend (``TypeError: level must be
+    int, not str``), then as a C int."""
+    if not isinstance(value, int):
+        raise TypeError(f"{what} must be int, not {type(value).__name__}")
+    return c_int(value)
+
+
+def readable_view(data: Any) -> memoryview:
+    """A byte view of one data buffer, refused as CPython refuses it: TypeError for anything that is not
+    bytes-like (``send(123)`` never sends 123 zero bytes), BufferError for a non-contiguous buffer."""
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise TypeError(f"a bytes-like object is required, not '{type(data).__name__}'") from None
+    if not view.c_contiguous:
+        raise BufferError("memoryview: underlying buffer is not C-contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def send_buffers(buffers: Any) -> list[memoryview]:
+    """``sendmsg``'s first argument: an iterable of bytes-like objects (CPython's TypeErrors)."""
+    try:
+        items = iter(buffers)
+    except TypeError:
+        raise TypeError("sendmsg() argument 1 must be an iterable") from None
+    return [readable_view(b) for b in items]
+
+
+def send_ancdata(ancdata: Any) -> list[tuple[int, int, bytes]]:
+    """``sendmsg``'s ancillary items as (level, type, bytes), checked like the kernel backend."""
+    try:
+        items = list(ancdata)
+    except TypeError:
+        raise TypeError("sendmsg() argument 2 must be an iterable") from None
+    out = []
+    for item in items:
+        if not isinstance(item, tuple) or len(item) != 3:
+            raise TypeError("ancillary data items must be (level, type, data) tuples")
+        level, kind, data = item
+        out.append((int_arg(level, "level"), int_arg(kind, "type"), readable_view(data).tobytes()))
+    return out
 
 
 def _writable_view(name: str, buffer: Any) -> memoryview:

@@ -1,6 +1,7 @@
 """Reaching this namespace's stack service from the application: connect to its abstract socket and, when
-no service listens, start one (detached: new session, stdio on /dev/null or ``$PYRDS_STACK_LOG``) and wait
-for it. Two processes starting at once is safe: the loser's bind fails with EADDRINUSE and it exits 0.
+no service listens, start one (detached: new session, stdio on /dev/null or ``$PYRDS_STACK_LOG``, and a
+double fork, so that the service is never a child, nor later a zombie, of the process that started it) and
+wait for it. Two processes starting at once is safe: the loser's bind fails with EADDRINUSE and it exits 0.
 
 Trust (docs/userspace.md, "Trust model"): right after connect() and before sending anything, the client reads
 the service's SO_PEERCRED. The shared name is trusted only when served by uid 0; a root client refuses any
@@ -56,15 +57,16 @@ def _connect_control(addr: bytes, server_uid: int) -> socket.socket:
 
 
 def _spawn_service() -> None:
-    """Start the namespace's service detached: the shared stack when we are root, else this uid's private
+    """Start the namespace's service detached (``--detach``: double fork, the intermediate child is reaped
+    here): the shared stack when we are root, else this uid's private
     stack (``--private``; it serves nobody else). It logs to $PYRDS_STACK_LOG (default: nowhere) so that it
     never holds the starting process's stdout/stderr pipes open."""
     log_path = os.environ.get("PYRDS_STACK_LOG")
     err = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     mode = "--shared" if os.geteuid() == 0 else "--private"
     try:
-        subprocess.Popen(
-            [sys.executable, "-m", "pyrds.userspace.service", mode],
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pyrds.userspace.service", mode, "--detach"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -74,6 +76,12 @@ def _spawn_service() -> None:
     finally:
         if not isinstance(err, int):
             err.close()
+    # --detach: this child forks the service and exits as soon as it started; reap it here (a child that
+    # hangs before that is left to subprocess's own reaping of abandoned children)
+    try:
+        proc.wait(start_timeout())
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def connect_stack(autostart: bool = True) -> socket.socket:
@@ -98,8 +106,8 @@ def connect_stack(autostart: bool = True) -> socket.socket:
         except (ConnectionRefusedError, FileNotFoundError):
             if not autostart:
                 raise
-    _spawn_service()
     deadline = time.monotonic() + start_timeout()
+    _spawn_service()
     delay = 0.005
     while True:
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import math
 import os
 import select
 import socket
@@ -19,7 +20,19 @@ from typing import Any
 
 from pyrds import info
 from pyrds.addr import SockAddr, format_address, parse_address
-from pyrds.api import AncData, BackendName, RDSSocketBase, os_error
+from pyrds.api import (
+    AncData,
+    BackendName,
+    RDSSocketBase,
+    c_int,
+    c_ssize,
+    int_arg,
+    os_error,
+    readable_view,
+    send_ancdata,
+    send_buffers,
+)
+from pyrds.constants import RDS_MAX_MSG_SIZE
 from pyrds.userspace import rpc
 from pyrds.userspace.client.autostart import connect_stack
 
@@ -27,7 +40,11 @@ _CONG_POLL = 0.005  # blocking send to a congested port re-checks this often (th
 _POLLIN = select.POLLIN
 _SEND_REQ = rpc.SEND_REQ
 _RECV_REQ = rpc.RECV_REQ
-_INT32 = (-(1 << 31), (1 << 31) - 1)
+#: a bytes option value is shipped up to this length: no option reads more (the largest, RDS_GET_MR_FOR_DEST's
+#: struct, is 160 bytes; every length check is "< n" or "!= n" with n <= 160), as the kernel copies only the
+#: struct it needs from a longer optval, so a huge value behaves as on the kernel instead of failing to cross
+#: the control connection
+_OPTVAL_MAX = 4096
 
 
 _dests: dict[Any, tuple[bytes, int]] = {}
@@ -65,12 +82,9 @@ def _source(raw: bytes, port: int, scope: int) -> SockAddr:
     return addr
 
 
-def _flat(b: Any) -> rpc.Buffer:
-    """A send buffer as bytes-like without a copy when it is contiguous."""
-    try:
-        return memoryview(b).cast("B")
-    except TypeError:
-        return bytes(b)
+def _iterable(buffers: Any) -> Any:
+    """``sendmsg``'s buffers: a list as is (the common case), else checked like the stdlib."""
+    return buffers if type(buffers) is list else send_buffers(buffers)
 
 
 def _raise(code: int, optlen: Any) -> None:
@@ -212,31 +226,31 @@ class RDSSocket(RDSSocketBase):
         flags: int = 0,
         address: SockAddr | None = None,
     ) -> int:
-        bufs = [b if type(b) is bytes else _flat(b) for b in buffers]
-        anc = [(int(lv), int(t), bytes(d)) for lv, t, d in ancdata]
-        if not isinstance(flags, int):
-            raise TypeError("flags must be int")
-        flags = int(flags)
+        # the stdlib's checks, in its order, before any request: flags and address, then the data (bytes-like
+        # only: TypeError), then the ancillary items
+        flags = c_int(flags)
         dest = None if address is None else _pack_dest(address)
+        bufs: list[rpc.Buffer] = [b if type(b) is bytes else readable_view(b) for b in _iterable(buffers)]
+        anc = send_ancdata(ancdata) if ancdata else []
         # CPython's rules: no timeout -> the call blocks unless MSG_DONTWAIT; timeout 0 -> non-blocking;
         # timeout > 0 -> the fd is non-blocking for the kernel, CPython polls first and retries on EAGAIN.
         timed = bool(self._timeout)
         blocking = self._timeout is None and not flags & socket.MSG_DONTWAIT
         deadline = self._deadline()
-        fast = _INT32[0] <= flags <= _INT32[1]
         raw_anc = rpc.encode(anc) if anc else b""
-        if not fast:  # out of the binary record's range: the generic record (the stack refuses the flags)
-            payload = b"".join(bytes(b) for b in bufs)
+        size = sum(len(b) for b in bufs)
+        oversize = size > RDS_MAX_MSG_SIZE
+        if oversize:
+            # more than any RDS message (EMSGSIZE), possibly more than a control record holds: the stack
+            # gets the size instead of the bytes and answers with the kernel's error for it
             gdest = None if dest is None else (str(ipaddress.ip_address(dest[0])), dest[1])
-            args = (payload, anc, flags, gdest, not blocking)
+            n: int = self._call(rpc.Op.SEND, (size, anc, flags, gdest, not blocking))
+            return n
         if timed and not self._wait(select.POLLOUT, deadline):
             raise TimeoutError("timed out")
         while True:
             try:
-                if fast:
-                    return self._send_once(bufs, raw_anc, flags, dest, not blocking)
-                n: int = self._call(rpc.Op.SEND, args)
-                return n
+                return self._send_once(bufs, raw_anc, flags, dest, not blocking)
             except OSError as exc:
                 if not (blocking or timed) or exc.errno not in (errno.EAGAIN, rpc.WAIT_CONG):
                     raise
@@ -248,14 +262,30 @@ class RDSSocket(RDSSocketBase):
                 if not ok:
                     raise TimeoutError("timed out") from None
 
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        bufsize, flags = c_ssize(bufsize), c_int(flags)
+        if bufsize < 0:
+            raise ValueError("negative buffersize in recv")
+        return self.recvmsg(bufsize, 0, flags)[0]
+
+    def recvfrom(self, bufsize: int, flags: int = 0) -> tuple[bytes, SockAddr]:
+        bufsize, flags = c_ssize(bufsize), c_int(flags)
+        if bufsize < 0:
+            raise ValueError("negative buffersize in recvfrom")
+        data, _anc, _flags, addr = self.recvmsg(bufsize, 0, flags)
+        sender: SockAddr = addr
+        return data, sender
+
     def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> tuple[bytes, AncData, int, Any]:
-        if bufsize < 0 or ancbufsize < 0:
+        bufsize, ancbufsize, flags = c_ssize(bufsize), c_ssize(ancbufsize), c_int(flags)
+        if bufsize < 0:
             raise ValueError("negative buffer size in recvmsg()")
-        bufsize, ancbufsize, flags = int(bufsize), int(ancbufsize), int(flags)
+        if ancbufsize < 0:
+            raise ValueError("invalid ancillary data buffer length")
         timed = bool(self._timeout)
         blocking = self._timeout is None and not flags & socket.MSG_DONTWAIT
         deadline = self._deadline()
-        fast = _INT32[0] <= flags <= _INT32[1] and bufsize < 1 << 62 and ancbufsize < 1 << 62
+        fast = bufsize < 1 << 62 and ancbufsize < 1 << 62
         # Nothing to read shows on the readiness fd (the service keeps its POLLIN exact): a non-blocking
         # recv then fails with EAGAIN without a round trip; a blocking one waits before asking.
         local = fast and not flags & socket.MSG_OOB
@@ -292,17 +322,30 @@ class RDSSocket(RDSSocketBase):
         p.register(self._fd, _POLLIN)
         return bool(p.poll(0))
 
-    # -- options
+    # -- options (checked like the kernel backend before any request)
     def setsockopt(self, level: int, optname: int, value: int | bytes) -> None:
-        if not isinstance(value, (int, bytes, bytearray, memoryview)):
-            raise TypeError("setsockopt value must be int or bytes")
-        v = value if isinstance(value, int) else bytes(value)
-        self._call(rpc.Op.SETSOCKOPT, (int(level), int(optname), v if isinstance(v, bytes) else int(v)))
+        level, optname = int_arg(level, "level"), int_arg(optname, "optname")
+        v: int | bytes
+        if isinstance(value, int):
+            if not -(1 << 31) <= value < (1 << 32):
+                raise OverflowError("option value out of range for a C int")
+            v = int(value) if value < (1 << 31) else int(value) - (1 << 32)  # a C int's bit pattern
+        else:
+            try:
+                view = memoryview(value)
+            except TypeError:
+                raise TypeError(f"value must be a bytes-like object, not {type(value).__name__}") from None
+            v = view.cast("B")[:_OPTVAL_MAX].tobytes() if view.c_contiguous else view.tobytes()[:_OPTVAL_MAX]
+        self._call(rpc.Op.SETSOCKOPT, (level, optname, v))
 
     def getsockopt(self, level: int, optname: int, buflen: int = 0) -> int | bytes:
-        if buflen < 0 or buflen > 1 << 30:
+        level, optname = int_arg(level, "level"), int_arg(optname, "optname")
+        buflen = int_arg(buflen, "buflen")
+        if buflen < 0:
+            raise ValueError("buflen must be >= 0")
+        if buflen > 1 << 30:
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-        result: int | bytes = self._call(rpc.Op.GETSOCKOPT, (int(level), int(optname), int(buflen)))
+        result: int | bytes = self._call(rpc.Op.GETSOCKOPT, (level, optname, buflen))
         return result
 
     def get_info(self, info_type: int) -> Sequence[Any]:
@@ -310,9 +353,10 @@ class RDSSocket(RDSSocketBase):
         return info.parse_info(info_type, raw)
 
     def set_tos(self, tos: int) -> None:
+        tos = int_arg(tos, "tos")
         if not 0 <= tos <= 255:
-            raise OverflowError("tos must be 0-255")
-        self._call(rpc.Op.SET_TOS, (int(tos),))
+            raise ValueError("tos must be 0-255")
+        self._call(rpc.Op.SET_TOS, (tos,))
 
     def get_tos(self) -> int:
         tos: int = self._call(rpc.Op.GET_TOS, ())
@@ -333,9 +377,13 @@ class RDSSocket(RDSSocketBase):
         return self._fd
 
     def settimeout(self, timeout: float | None) -> None:
-        if timeout is not None and timeout < 0:
-            raise ValueError("Timeout value out of range")
-        self._timeout = None if timeout is None else float(timeout)
+        if timeout is not None:
+            if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+                raise TypeError("timeout must be a float or None")
+            timeout = float(timeout)
+            if math.isnan(timeout) or timeout < 0:
+                raise ValueError("Timeout value out of range")
+        self._timeout = timeout
 
     def gettimeout(self) -> float | None:
         return self._timeout

@@ -1,4 +1,4 @@
-"""The daemon process: ``python -m pyrds.userspace.service [--shared|--private]`` runs :func:`main`
+"""The daemon process: ``python -m pyrds.userspace.service [--shared|--private] [--detach]`` runs :func:`main`
 (logging, the listener, RDS/TCP, the loop until idle). A second service in the same namespace loses the bind
 race with EADDRINUSE and exits 0.
 
@@ -7,6 +7,11 @@ race with EADDRINUSE and exits 0.
 shared stack and any other uid its private one. The process makes itself not dumpable
 (``prctl(PR_SET_DUMPABLE, 0)``): /proc/<pid>/mem, ptrace and core dumps are then for root only, not for
 other processes of the same uid.
+
+``--detach`` (what a client's autostart passes): the process forks once more and the parent exits at once,
+so the starting client reaps it right away and the service is nobody's child (never a zombie in the client
+when it exits); with ``start_new_session`` for the first child this is the classic double fork. Without it
+the service stays in the foreground (systemd, tests).
 """
 
 from __future__ import annotations
@@ -75,11 +80,17 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="pyrds-stack[%(process)d] %(levelname)s %(message)s",
     )
+    args = list(sys.argv[1:] if argv is None else argv)
+    detach = "--detach" in args
+    if detach:
+        args.remove("--detach")
     try:
-        owner = _owner(sys.argv[1:] if argv is None else argv)
+        owner = _owner(args)
     except ValueError as exc:
         log.error("%s", exc)
         return 2
+    if detach and os.fork() != 0:
+        os._exit(0)  # the starter reaps this parent at once; the service goes on in the child
     _not_dumpable()
     svc = Service(config=StackConfig(owner=owner))
     try:

@@ -82,8 +82,14 @@ def _sysctl_set(req: Request, args: Any) -> None:
 
 
 def _send(req: Request, args: Any) -> int:
+    """The generic send. ``payload`` may be an int: the size of a message over RDS_MAX_MSG_SIZE that the
+    client did not ship (it could not cross the control connection); it gets the kernel's error for it."""
     payload, anc, flags, dest, nonblock = args
     d = (_ip(dest[0]), dest[1]) if dest is not None else None
+    if type(payload) is int:
+        req.stack.refuse_oversize(req.sock, payload, anc, flags, d)
+    if not isinstance(payload, bytes):
+        raise StackError(errno.EINVAL)
     return req.stack.sendmsg(req.sock, payload, anc, flags, d, nonblock)
 
 

@@ -1,10 +1,10 @@
 """The stack service: one per network namespace, serving RDS sockets over AF_UNIX control connections.
 
 It binds the abstract socket ``\\0pyrds-stack-v3`` (``PYRDS_STACK_NAME`` overrides it) and serves until it
-has been idle (no clients, no transport busy) for ``PYRDS_IDLE_EXIT`` seconds (default 5; negative =
-forever). The data path (binary SEND/RECV records) is served here; every other operation goes through the
-table in :mod:`pyrds.userspace.service.handlers`. :class:`Service` can also run embedded (e.g. in a thread)
-for tests: ``bind()``, ``start_tcp()``, ``serve_forever()``, ``stop()``.
+has been idle (no clients, no established RDS/TCP connection) for ``PYRDS_IDLE_EXIT`` seconds (default 5;
+negative = forever). The data path (binary SEND/RECV records) is served here; every other operation goes
+through the table in :mod:`pyrds.userspace.service.handlers`. :class:`Service` can also run embedded (e.g. in
+a thread) for tests: ``bind()``, ``start_tcp()``, ``serve_forever()``, ``stop()``.
 
 Trust (:mod:`.trust`): a root service serves the shared name to every uid; a service of another uid serves
 ``<name>-uid<N>`` (:attr:`StackConfig.served_name`) and closes, unread, every connection whose SO_PEERCRED
@@ -122,13 +122,22 @@ class Service:
     def _idle_exit_due(self, now: float) -> bool:
         if self.config.idle_exit < 0:
             return False
-        busy = bool(self._controls) or any(t.busy() for t in self.stack.transports)
-        if busy:
+        if self._controls or self._peers_connected():
             self._idle_since = None
             return False
         if self._idle_since is None:
             self._idle_since = now
         return now - self._idle_since >= self.config.idle_exit
+
+    def _peers_connected(self) -> bool:
+        """With no client socket left, only an established RDS/TCP connection (a TCP socket with a peer: a
+        peer talks to us, or is still reading what we sent) keeps the stack. Dials pending or retried toward
+        unreachable peers, and the messages of closed sockets waiting for them, do not: they are dropped when
+        the service exits, as the kernel frees a closed socket's queued messages."""
+        for transport in self.stack.transports:
+            if transport.busy() and any(True for _ in transport.info_tcp_sockets()):
+                return True
+        return False
 
     def close(self) -> None:
         for ctl in list(self._controls.values()):
@@ -197,6 +206,10 @@ class Service:
                 log.warning("dropping control connection: %s", exc)
                 self._drop(ctl)
                 return
+            except Exception:  # a bug: this client only loses its connection (EPIPE), never waits forever
+                log.exception("dropping control connection after an unexpected error")
+                self._drop(ctl)
+                return
 
     def _handle(self, ctl: _Control, record: rpc.Buffer) -> None:
         """One request: dispatch it, send the reply (errors as their errno, never a dropped connection)."""
@@ -243,8 +256,8 @@ class Service:
             reply = rpc.SEND_REP.pack(error_reply(exc)[0], 0)
         try:
             rpc.send_parts(ctl.sock, [reply], ctl.limit)
-        finally:  # queued and accounted: it goes out even when the client is gone
-            outbox.flush()
+        finally:  # queued and accounted: it goes out even when the client is gone; never raises
+            outbox.flush(self.stack.transmit_failed)
 
     def _fast_recv(self, ctl: _Control, record: rpc.Buffer) -> None:
         _tag, bufsize, ancbufsize, flags, nonblock = rpc.RECV_REQ.unpack_from(record)
@@ -252,14 +265,14 @@ class Service:
             if ctl.rs is None:
                 raise StackError(errno.EBADF)
             data, anc, mflags, src = self.stack.recvmsg(ctl.rs, bufsize, ancbufsize, flags, bool(nonblock))
+            raw_anc = rpc.encode(anc) if anc else b""
+            addr = b""
+            port = scope = 0
+            if src is not None:
+                addr = _packed(src[0])
+                port, scope = src[1], src[2]
+            head = rpc.RECV_REP.pack(0, mflags, port, scope, len(addr), len(raw_anc))
         except Exception as exc:
             rpc.send_parts(ctl.sock, [rpc.RECV_REP.pack(error_reply(exc)[0], 0, 0, 0, 0, 0)], ctl.limit)
             return
-        raw_anc = rpc.encode(anc) if anc else b""
-        addr = b""
-        port = scope = 0
-        if src is not None:
-            addr = _packed(src[0])
-            port, scope = src[1], src[2]
-        head = rpc.RECV_REP.pack(0, mflags, port, scope, len(addr), len(raw_anc))
         rpc.send_parts(ctl.sock, [head, addr, raw_anc, data], ctl.limit)

@@ -151,23 +151,25 @@ class Stack:
                 raise StackError(errno.EINVAL)
         elif not _valid_dest(ip) or (not mapped and (ip.is_unspecified or ip.is_multicast)):
             raise StackError(errno.EPROTOTYPE)
+        if rs.bound_addr is not None and normalize(ip).version != rs.bound_addr.version:
+            # Divergence: rds_connect records any destination, and a later send() (no name, so rds_sendmsg's
+            # "IPv4/IPv6 address mismatch" check is skipped) makes a mixed-family connection whose RDS/TCP
+            # dial goes to the low 32 bits of the IPv6 address. Refused here with that check's errno.
+            raise StackError(errno.EOPNOTSUPP)
         rs.conn_addr = normalize(ip)
         rs.conn_port = port
 
     # -- data path
-    def sendmsg(
+    def _send_checks(
         self,
         rs: SockState,
-        payload: bytes,
+        plen: int,
         anc: Sequence[tuple[int, int, bytes]],
         flags: int,
         dest: tuple[IPAddress, int] | None,
-        nonblock: bool,
-        outbox: Outbox | None = None,
-    ) -> int:
-        """rds_sendmsg. A message for a transport that does I/O goes to ``outbox`` when one is given (the
-        caller flushes it after replying), else straight to the transport."""
-        self.cong.look(rs)
+    ) -> tuple[IPAddress, int, bool, Any]:
+        """rds_sendmsg's checks, in its order, for a message of ``plen`` bytes: (daddr, dport, zerocopy,
+        zerocopy cookie), or StackError."""
         if flags & ~(MSG_DONTWAIT | MSG_ZEROCOPY):
             raise StackError(errno.EOPNOTSUPP)
         if dest is not None:
@@ -179,15 +181,51 @@ class Stack:
             daddr, dport = rs.conn_addr or ipaddress.IPv4Address(0), rs.conn_port
         if rs.bound_addr is None or daddr.is_unspecified:
             raise StackError(errno.ENOTCONN)
-        if dest is not None and daddr.version != rs.bound_addr.version:
+        if daddr.version != rs.bound_addr.version:
+            # "IPv4/IPv6 address mismatch": the kernel checks it only for an explicit destination; a
+            # connected one of the other family (connect() before bind()) is refused the same way here
+            # rather than dialled (see connect()).
             raise StackError(errno.EOPNOTSUPP)
-        plen = len(payload)
         if plen > RDS_MAX_MSG_SIZE or plen > rs.rds_sndbuf:
             raise StackError(errno.EMSGSIZE)
         zcopy = bool(flags & MSG_ZEROCOPY) and rs.zerocopy
         if zcopy and rs.transport != Transport.TCP:
             raise StackError(errno.EOPNOTSUPP)
         cookie = ancillary.check_send(anc, flags, zcopy)
+        return daddr, dport, zcopy, cookie
+
+    def refuse_oversize(
+        self,
+        rs: SockState,
+        size: int,
+        anc: Sequence[tuple[int, int, bytes]],
+        flags: int,
+        dest: tuple[IPAddress, int] | None,
+    ) -> None:
+        """A send of ``size`` > RDS_MAX_MSG_SIZE bytes whose payload the client did not ship: the error the
+        kernel gives it (an earlier check's errno, else EMSGSIZE). Always raises."""
+        self.cong.look(rs)
+        if size <= RDS_MAX_MSG_SIZE:
+            raise StackError(errno.EINVAL)
+        self._send_checks(rs, size, anc, flags, dest)
+        raise StackError(errno.EMSGSIZE)  # not reached: the size check raised
+
+    def sendmsg(
+        self,
+        rs: SockState,
+        payload: bytes,
+        anc: Sequence[tuple[int, int, bytes]],
+        flags: int,
+        dest: tuple[IPAddress, int] | None,
+        nonblock: bool,
+        outbox: Outbox | None = None,
+    ) -> int:
+        """rds_sendmsg. A message for a transport that does I/O goes to ``outbox`` when one is given (the
+        caller flushes it after replying), else straight to the transport. A transport that fails to take
+        the message (a bug) leaves nothing accounted: the error reaches this caller."""
+        self.cong.look(rs)
+        plen = len(payload)
+        daddr, dport, _zcopy, cookie = self._send_checks(rs, plen, anc, flags, dest)
         if nonblock is False and flags & MSG_DONTWAIT:
             nonblock = True
         if self.cong.test(daddr, dport):
@@ -202,6 +240,10 @@ class Stack:
         if rs.snd_bytes >= rs.rds_sndbuf:
             self.counters["send_queue_full"] += 1
             raise StackError(errno.EAGAIN)
+        transport = self._transport_for(daddr)
+        if transport is None:
+            raise StackError(errno.EADDRNOTAVAIL)
+        assert rs.bound_addr is not None  # _send_checks: ENOTCONN otherwise
         msg = Outgoing(
             rs.sock_id, rs.bound_addr, daddr, rs.bound_port, dport, bytes(payload), rs.tos, zcookie=cookie
         )
@@ -210,15 +252,26 @@ class Stack:
         rs.sent[id(msg)] = msg
         self.counters["send_queued"] += 1
         self.counters["copy_from_user"] += 1
-        transport = self._transport_for(daddr)
-        if transport is None:
-            raise StackError(errno.EADDRNOTAVAIL)
         if outbox is not None and not transport.immediate:
             outbox.put(transport, msg, (rs.bound_port, rs.hash_initval))
         else:
-            transport.transmit(msg, (rs.bound_port, rs.hash_initval))
+            try:
+                transport.transmit(msg, (rs.bound_port, rs.hash_initval))
+            except Exception:
+                self.transmit_failed(msg)
+                raise
         rs.update_readiness()
         return plen
+
+    def transmit_failed(self, msg: Outgoing) -> None:
+        """A transport raised instead of taking ``msg`` (a bug, logged by the caller): forget the message and
+        release its send-buffer bytes, so the socket's buffer never fills with messages nobody will send."""
+        self._cancel(msg)
+        rs = self.socks.get(msg.sock_id)
+        if rs is None or rs.sent.pop(id(msg), None) is None:
+            return
+        rs.snd_bytes -= len(msg.payload)
+        rs.update_readiness()
 
     def acked(self, msg: Outgoing) -> None:
         """A sent message is acked: release its send-buffer bytes, queue its zerocopy cookie."""
