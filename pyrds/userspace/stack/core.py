@@ -151,11 +151,8 @@ class Stack:
                 raise StackError(errno.EINVAL)
         elif not _valid_dest(ip) or (not mapped and (ip.is_unspecified or ip.is_multicast)):
             raise StackError(errno.EPROTOTYPE)
-        if rs.bound_addr is not None and normalize(ip).version != rs.bound_addr.version:
-            # Divergence: rds_connect records any destination, and a later send() (no name, so rds_sendmsg's
-            # "IPv4/IPv6 address mismatch" check is skipped) makes a mixed-family connection whose RDS/TCP
-            # dial goes to the low 32 bits of the IPv6 address. Refused here with that check's errno.
-            raise StackError(errno.EOPNOTSUPP)
+        # rds_connect records a destination of either family (7.3 in a guest, 2026-11-24: an IPv4-bound
+        # socket connects to ::1, and its send() reaches the socket bound there); sendmsg decides.
         rs.conn_addr = normalize(ip)
         rs.conn_port = port
 
@@ -181,10 +178,11 @@ class Stack:
             daddr, dport = rs.conn_addr or ipaddress.IPv4Address(0), rs.conn_port
         if rs.bound_addr is None or daddr.is_unspecified:
             raise StackError(errno.ENOTCONN)
-        if daddr.version != rs.bound_addr.version:
-            # "IPv4/IPv6 address mismatch": the kernel checks it only for an explicit destination; a
-            # connected one of the other family (connect() before bind()) is refused the same way here
-            # rather than dialled (see connect()).
+        if daddr.version != rs.bound_addr.version and (dest is not None or not self.is_local(daddr)):
+            # "IPv4/IPv6 address mismatch": the kernel checks it for an explicit destination only. A connected
+            # one of the other family is delivered by the loop transport when local (as 7.3 does, source
+            # address the bound one); a remote one the kernel would dial at the IPv6 address's low 32 bits
+            # over RDS/TCP, which the stack refuses with the same errno (docs/userspace.md).
             raise StackError(errno.EOPNOTSUPP)
         if plen > RDS_MAX_MSG_SIZE or plen > rs.rds_sndbuf:
             raise StackError(errno.EMSGSIZE)
