@@ -123,6 +123,34 @@ def test_send_family_mismatch(rds_socket_factory):
     expect_errno(errno.EOPNOTSUPP, b.sendto, b"x", (V4, a.getsockname()[1]))
 
 
+def _outcome(fn, *args):
+    try:
+        return ("ok", fn(*args))
+    except OSError as exc:
+        return ("err", errno.errorcode.get(exc.errno or 0, exc.errno))
+
+
+@pytest.mark.parametrize("bound", [V4, V6], ids=["v4-to-v6", "v6-to-v4"])
+def test_connected_send_to_the_other_family(rds_socket_factory, rds_observe, bound):
+    """connect() to a local peer of the other address family, then send() with no name: rds_sendmsg's
+    "IPv4/IPv6 address mismatch" check applies to an explicit destination only. 7.3 (guest, 2026-11-24)
+    accepts the connect and delivers the message, source the bound address. Observed per kernel; whatever a
+    kernel does, a send that succeeds must deliver to the peer with the sender's address as source."""
+    other = V6 if bound == V4 else V4
+    a, b = rds_socket_factory(), rds_socket_factory()
+    a.bind((bound, 0))
+    b.bind((other, 0))
+    b.settimeout(5)
+    connect = _outcome(a.connect, b.getsockname())
+    send = _outcome(a.send, b"mixed") if connect[0] == "ok" else ("skipped",)
+    got = None
+    if send[0] == "ok":
+        data, src = b.recvfrom(100)
+        assert data == b"mixed" and src[:2] == a.getsockname()[:2]
+        got = (data, len(src))
+    rds_observe("mixed_family", (connect, send, got))
+
+
 @pytest.mark.parametrize(
     "dest",
     [("0.0.0.0", 4000), ("255.255.255.255", 4000), ("224.0.0.1", 4000)],
