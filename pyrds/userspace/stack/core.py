@@ -32,6 +32,8 @@ from pyrds.userspace.stack.transport import select_transport
 MSG_TRUNC = int(socket.MSG_TRUNC)
 MSG_PEEK = int(socket.MSG_PEEK)
 MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
+#: entries of :meth:`Stack.is_local`'s one-second cache (addresses clients sent to or bound)
+LOCAL_CACHE_MAX = 1024
 
 
 def _valid_dest(ip: IPAddress) -> bool:
@@ -62,6 +64,10 @@ class Stack:
         if hit is not None and hit[1] > now:
             return hit[0]
         val = is_loopback(ip) or is_local(ip, scope_id)
+        if len(self._local_cache) >= LOCAL_CACHE_MAX:  # keyed by destinations clients name: keep it bounded
+            self._local_cache = {k: v for k, v in self._local_cache.items() if v[1] > now}
+            if len(self._local_cache) >= LOCAL_CACHE_MAX:
+                self._local_cache.clear()
         self._local_cache[ip] = (val, now + 1.0)
         return val
 
@@ -72,7 +78,19 @@ class Stack:
         """Make ``transport`` available to the send path (the service attaches loop and TCP)."""
         self.transports.append(transport)
 
-    def _transport_for(self, daddr: IPAddress) -> StackTransport | None:
+    def _transport_for(
+        self, daddr: IPAddress, sock_transport: Transport | None = None
+    ) -> StackTransport | None:
+        """The transport of a message to ``daddr`` from a socket of ``sock_transport``. rds_conn_create keeps
+        the socket's rs_transport and only a local destination turns a connection into loopback: a socket
+        bound to a loopback address (the loop transport) sends every message through the loop transport, which
+        delivers it here (to nobody, for a remote destination: recv_drop_no_sock). It is never dialled over
+        RDS/TCP from 127.0.0.1 / ::1, which would leave a connection redialling a peer for as long as the
+        service lives."""
+        if sock_transport == Transport.LOOP:
+            for t in self.transports:
+                if t.kind == Transport.LOOP:
+                    return t
         return select_transport(self.transports, self.is_local(daddr))
 
     # -- StackHost: what transports may call
@@ -238,7 +256,7 @@ class Stack:
         if rs.snd_bytes >= rs.rds_sndbuf:
             self.counters["send_queue_full"] += 1
             raise StackError(errno.EAGAIN)
-        transport = self._transport_for(daddr)
+        transport = self._transport_for(daddr, rs.transport)
         if transport is None:
             raise StackError(errno.EADDRNOTAVAIL)
         assert rs.bound_addr is not None  # _send_checks: ENOTCONN otherwise

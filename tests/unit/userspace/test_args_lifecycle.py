@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from pyrds.constants import RDS_MAX_MSG_SIZE
+from pyrds.constants import RDS_MAX_MSG_SIZE, SOL_RDS, SockOpt
 from pyrds.constants import Transport as TransportType
 from pyrds.userspace.client import RDSSocket
 from pyrds.userspace.service import Service
@@ -279,6 +279,9 @@ def test_a_transport_raising_after_the_reply_leaks_nothing() -> None:
     th.start()
     try:
         s = RDSSocket()
+        # SO_RDS_TRANSPORT TCP: bound to 127.0.0.1 it would have the loop transport, which carries all its
+        # messages (rds_conn_create keeps rs_transport for a remote destination)
+        s.setsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT, int(TransportType.TCP))
         s.bind((A4, 0))
         s.setblocking(False)
         for _ in range(1000):
