@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import builtins
 import errno
+import math
 import operator
 import os
 import socket as _socket
@@ -315,6 +316,19 @@ def c_ssize(value: Any) -> int:
     if not -_SSIZE_MAX - 1 <= v <= _SSIZE_MAX:
         raise OverflowError("Python int too large to convert to C ssize_t")
     return v
+
+
+def timeout_arg(timeout: Any) -> float | None:
+    """A ``settimeout`` argument as CPython's socket takes it (as the kernel backend checks it): None, or a
+    non-negative number as float; TypeError for anything else (a bool too), ValueError for NaN or < 0."""
+    if timeout is None:
+        return None
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool):
+        raise TypeError("timeout must be a float or None")
+    value = float(timeout)
+    if math.isnan(value) or value < 0:
+        raise ValueError("Timeout value out of range")
+    return value
 
 
 def int_arg(value: Any, what: str) -> int:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import math
 import os
 import socket as _socket
 import struct
@@ -32,7 +31,15 @@ from typing import Any
 
 from pyrds import info as _info
 from pyrds.addr import SockAddr, parse_address
-from pyrds.api import AncData, BackendName, RDSSocketBase, ReadableBuffer, WritableBuffer, os_error
+from pyrds.api import (
+    AncData,
+    BackendName,
+    RDSSocketBase,
+    ReadableBuffer,
+    WritableBuffer,
+    os_error,
+    timeout_arg,
+)
 from pyrds.constants import AF_RDS, SIOCRDSGETTOS, SIOCRDSSETTOS, SOL_RDS
 from pyrds.kernel import libc
 
@@ -386,12 +393,7 @@ class RDSSocket(RDSSocketBase):
         return self._fd
 
     def settimeout(self, timeout: float | None) -> None:
-        if timeout is not None:
-            if not isinstance(timeout, int | float) or isinstance(timeout, bool):
-                raise TypeError("timeout must be a float or None")
-            timeout = float(timeout)
-            if math.isnan(timeout) or timeout < 0:
-                raise ValueError("Timeout value out of range")
+        timeout = timeout_arg(timeout)
         self._check_open()
         self._v4.settimeout(timeout)
         self._v6.settimeout(timeout)

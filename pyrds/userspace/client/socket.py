@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import math
 import os
 import select
 import socket
@@ -31,6 +30,7 @@ from pyrds.api import (
     readable_view,
     send_ancdata,
     send_buffers,
+    timeout_arg,
 )
 from pyrds.constants import RDS_MAX_MSG_SIZE
 from pyrds.userspace import rpc
@@ -377,12 +377,7 @@ class RDSSocket(RDSSocketBase):
         return self._fd
 
     def settimeout(self, timeout: float | None) -> None:
-        if timeout is not None:
-            if not isinstance(timeout, int | float) or isinstance(timeout, bool):
-                raise TypeError("timeout must be a float or None")
-            timeout = float(timeout)
-            if math.isnan(timeout) or timeout < 0:
-                raise ValueError("Timeout value out of range")
+        timeout = timeout_arg(timeout)
         self._timeout = timeout
 
     def gettimeout(self) -> float | None:
