@@ -41,6 +41,15 @@ ACCEPTOR_RACE = KernelRace(
     "pre-7.0 acceptor: a reset racing the owner's ordered multipath dials can cross paths",
 )
 
+# kernel<->kernel without impairment, 3 forced reconnects: a fresh-clone CI run on 6.1 (2026-11-24) stalled
+# with B at 1628 of 2000 and A's sends refused with ENOBUFS 578 times (a congested bit that never cleared);
+# the same scenario had passed in every earlier matrix run. No userspace code is on that path.
+RESET_RACE = KernelRace(
+    "reset-stall",
+    "RDS/TCP before 7.0 can stall or lose across forced reconnects even without impairment "
+    "(6.1 kernel<->kernel: 1628 of 2000 received, the sender on ENOBUFS)",
+)
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impair", ["clean", "netem"])
@@ -68,14 +77,18 @@ def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, im
     kernel_involved = "kernel" in (na.backend, nb.backend)
     netem_race = impair == "netem" and kernel_involved and NETEM_RACE.present()
     acceptor_race = (na.backend, nb.backend) == ("userspace", "kernel") and ACCEPTOR_RACE.present()
+    reset_race = (na.backend, nb.backend) == ("kernel", "kernel") and RESET_RACE.present()
+    race = (
+        NETEM_RACE if netem_race else ACCEPTOR_RACE if acceptor_race else RESET_RACE if reset_race else None
+    )
     ra = None
     try:
         ra = na.agent.wait(ja, timeout + 15)
         rb = nb.agent.wait(jb, timeout + 15)
     except Exception as exc:
         nodes.report_failure(exc, ra is not None, jb, [a, b])
-        if (netem_race or acceptor_race) and nodes.healthy():
-            (NETEM_RACE if netem_race else ACCEPTOR_RACE).record(False, f"{type(exc).__name__}: {exc}")
+        if race is not None and nodes.healthy():
+            race.record(False, f"{type(exc).__name__}: {exc}")
         raise
     nodes.clear_netem()
     ka, kb = ra["me"], rb["me"]
@@ -86,8 +99,8 @@ def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, im
         and rb["sent"][ka] == ra["recv"][kb]
     )
     seen = f"received A {ra['recv_n']} / B {rb['recv_n']} of {count}"
-    if netem_race or acceptor_race:
-        (NETEM_RACE if netem_race else ACCEPTOR_RACE).record(exact, seen)
+    if race is not None:
+        race.record(exact, seen)
     assert ra["recv_n"] == {kb: count} and rb["recv_n"] == {ka: count}
     assert ra["sent"][kb] == rb["recv"][ka], "A->B digest mismatch: loss, duplicate or reordering"
     assert rb["sent"][ka] == ra["recv"][kb], "B->A digest mismatch: loss, duplicate or reordering"
