@@ -180,7 +180,6 @@ class TcpPath:
         self.sock = s
         self.gen += 1
         self.confirmed = False
-        self.wire_bytes = 0  # SIOCOUTQ of this socket says nothing about the last connection's bytes
         self.engine.connecting(time.monotonic())
         self.loop.register(s, W, self._on_connect)
 
@@ -318,7 +317,6 @@ class TcpPath:
             self.sock = None
             self.host.counters["conn_reset"] += 1
         self.outbuf = b""
-        self.wire_bytes = 0
         self.confirmed = False
         self.gen += 1
         if self.engine.state != PathState.DOWN:
