@@ -24,13 +24,23 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} -h)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    import pyrds
+class LazyVersionAction(argparse.Action):
+    """``--version``: the distribution's version is looked up only when asked for (importlib.metadata costs
+    ~1.5 s per process in a TCG guest, and every ``pyrds`` call builds this parser)."""
 
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **_: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="show the version")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        import pyrds
+
+        print(f"pyrds {pyrds.__version__} ({pyrds.DISTRIBUTION})")  # stdout, as argparse's "version" action
+        parser.exit(0)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="pyrds", description="RDS tools on the kernel or userspace backend")
-    parser.add_argument(
-        "-V", "--version", action="version", version=f"pyrds {pyrds.__version__} ({pyrds.DISTRIBUTION})"
-    )
+    parser.add_argument("-V", "--version", action=LazyVersionAction)
     # the subcommands' parsers are OneLineParsers too (add_subparsers uses the parent's class)
     sub = cast(
         "argparse._SubParsersAction[argparse.ArgumentParser]",

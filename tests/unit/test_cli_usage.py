@@ -47,6 +47,19 @@ def test_version_option(argv: list[str]) -> None:
         assert proc.stdout.strip() == f"pyrds {pyrds.__version__} (linux-rds)"
 
 
+def test_cli_does_not_look_up_the_version_unless_asked() -> None:
+    """importlib.metadata costs ~1.5 s per process in a TCG guest and the conformance suite starts dozens of
+    ``pyrds`` processes: building the parser and running a subcommand must not import it."""
+    code = (
+        "import sys; from pyrds.cli.main import build_parser; build_parser().parse_args(['info', '-n']); "
+        "print('importlib.metadata' in sys.modules)"
+    )
+    argv = [sys.executable, "-S", "-c", code]  # -S: no site, no editable-install finder importing it
+    proc = subprocess.run(argv, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
 def test_python_m_pyrds_runs_the_cli() -> None:
     proc = subprocess.run([*PYRDS_M, "--help"], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=60)
     assert proc.returncode == 0 and "{ping,info,stress}" in proc.stdout
