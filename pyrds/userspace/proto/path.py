@@ -96,6 +96,7 @@ class PathEngine:
         max_len: int = RDS_MAX_MSG_SIZE,
         max_queued_bytes: int | None = None,
         max_queued_msgs: int | None = None,
+        max_pongs: int | None = None,
         lane0: PathEngine | None = None,
     ) -> None:
         self.laddr = laddr
@@ -106,6 +107,9 @@ class PathEngine:
         self.max_len = max_len
         self.max_queued_bytes = max_queued_bytes
         self.max_queued_msgs = max_queued_msgs
+        #: pongs (sport 0) queued or unacked at most; a ping beyond it is not answered (``pongs_dropped``)
+        self.max_pongs = max_pongs
+        self._pongs = 0  # pongs in both queues
         self.framer = MessageFramer(max_len)
         self._state = PathState.DOWN
         self.state_changed_at: float | None = None
@@ -169,6 +173,11 @@ class PathEngine:
         return self._queued_bytes
 
     @property
+    def queued_pongs(self) -> int:
+        """Pongs (sport 0) not yet acked."""
+        return self._pongs
+
+    @property
     def queued_msgs(self) -> int:
         return len(self._send_queue) + len(self._written)
 
@@ -214,6 +223,8 @@ class PathEngine:
         self._next_tx_seq += 1
         self._send_queue.append(_Out(header, payload))
         self._queued_bytes += len(payload)
+        if sport == 0:
+            self._pongs += 1
         return seq
 
     def send_ping(self, sport: int) -> int:
@@ -288,6 +299,8 @@ class PathEngine:
             msg = self._written.popleft()
             self._queued_bytes -= len(msg.payload)
             h = msg.header
+            if h.sport == 0:
+                self._pongs -= 1
             done.append(AckedMessage(h.sequence, h.length, h.sport, h.dport, h.flags))
         return done
 
@@ -336,6 +349,8 @@ class PathEngine:
         for msg in flushed:
             self._queued_bytes -= len(msg.payload)
             h = msg.header
+            if h.sport == 0:
+                self._pongs -= 1
             done.append(AckedMessage(h.sequence, h.length, h.sport, h.dport, h.flags))
         return done
 
@@ -386,8 +401,12 @@ class PathEngine:
 
     def _queue_pong(self, dport: int, sport_idx: bool) -> bool:
         # Pongs bypass the caller's queue limits (rds_send_pong has none) but are bounded by twice them.
+        # ``max_pongs`` caps the pongs themselves: a peer that pings without reading the pongs cannot grow
+        # this queue without limit (the kernel's rds_send_pong allocates one per ping)
         limit_m = self.max_queued_msgs
-        if limit_m is not None and self.queued_msgs >= 2 * limit_m:
+        if (limit_m is not None and self.queued_msgs >= 2 * limit_m) or (
+            self.max_pongs is not None and self._pongs >= self.max_pongs
+        ):
             self.pongs_dropped += 1
             return False
         exthdr = self._probe_exthdrs(sport_idx) if dport == RDS_FLAG_PROBE_PORT else ()

@@ -12,7 +12,7 @@ import errno
 import ipaddress
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyrds.addr import IPAddress
@@ -25,6 +25,7 @@ from pyrds.userspace.stack.counters import new_counters
 from pyrds.userspace.stack.errors import MustWait, StackError
 from pyrds.userspace.stack.outbox import Outbox
 from pyrds.userspace.stack.ports import PortSpace, is_local, is_loopback, normalize
+from pyrds.userspace.stack.resources import RECV_MSG_OVERHEAD, recv_cap, release_memory
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing, SockState
 from pyrds.userspace.stack.transport import Transport as StackTransport
 from pyrds.userspace.stack.transport import select_transport
@@ -34,6 +35,8 @@ MSG_PEEK = int(socket.MSG_PEEK)
 MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
 #: entries of :meth:`Stack.is_local`'s one-second cache (addresses clients sent to or bound)
 LOCAL_CACHE_MAX = 1024
+#: a closed socket whose receive queue held at least this many charged bytes gives the memory back at once
+TRIM_AFTER_BYTES = 1 << 20
 
 
 def _valid_dest(ip: IPAddress) -> bool:
@@ -118,9 +121,12 @@ class Stack:
         """rds_release: unbind, drop the receive queue, cancel queued sends, leave monitors."""
         rs.dead = True
         self.cong.forget(rs)
+        big = rs.rcv_charge >= TRIM_AFTER_BYTES
         for inc in list(rs.recv_queue):
             self._rcvbuf_delta(rs, -len(inc.payload))
         rs.recv_queue.clear()
+        rs.rcv_charge = 0
+        self._resume_readers(rs)
         self.cong.remove_socket(rs)
         for msg in list(rs.sent.values()):
             self._cancel(msg)
@@ -131,6 +137,8 @@ class Stack:
         if rs.readiness is not None:
             rs.readiness.close()
             rs.readiness = None
+        if big:
+            release_memory()
 
     # -- addressing
     def bind(self, rs: SockState, ip: IPAddress, port: int, scope_id: int) -> None:
@@ -259,6 +267,13 @@ class Stack:
         transport = self._transport_for(daddr, rs.transport)
         if transport is None:
             raise StackError(errno.EADDRNOTAVAIL)
+        if transport.immediate and self.receiver_full(daddr, dport):
+            # a local destination over its receive cap (the loop transport never congests, as in the
+            # kernel, which would queue without limit): refused like a congested port
+            self.counters["send_cap_refused"] += 1
+            if not nonblock:
+                raise MustWait()
+            raise StackError(errno.ENOBUFS)
         assert rs.bound_addr is not None  # _send_checks: ENOTCONN otherwise
         msg = Outgoing(
             rs.sock_id, rs.bound_addr, daddr, rs.bound_port, dport, bytes(payload), rs.tos, zcookie=cookie
@@ -313,30 +328,61 @@ class Stack:
         for transport in self.transports:
             transport.cancel(msg)
 
-    def deliver(self, inc: Incoming) -> None:
-        """rds_recv_incoming after sequence checks: pings, lookup, queueing, congestion accounting."""
+    def deliver(self, inc: Incoming) -> bool:
+        """rds_recv_incoming after sequence checks: pings, lookup, queueing, congestion accounting.
+
+        False when the receiving socket's queue is now over its cap (:func:`recv_cap`): a transport that
+        can stop reading the connection the message came on does (:meth:`hold_reader`). The message itself
+        was queued."""
         if inc.dport == 0 and self.config.sysctl["ping_enable"]:
             if inc.sport == 0:
-                return
+                return True
             self.counters["recv_ping"] += 1
             self.counters["send_pong"] += 1
             self._pong(inc)
-            return
+            return True
         sock_id = self.ports.lookup(inc.daddr, inc.dport)
         rs = self.socks.get(sock_id) if sock_id is not None else None
         if rs is None:
             self.counters["recv_drop_no_sock"] += 1
-            return
+            return True
         if rs.dead:
             self.counters["recv_drop_dead_sock"] += 1
-            return
+            return True
         self.counters["recv_queued"] += 1
         self._rcvbuf_delta(rs, len(inc.payload))
+        rs.rcv_charge += len(inc.payload) + RECV_MSG_OVERHEAD
         if rs.timestamp:
             inc.rx_tstamp_ns = time.time_ns()
         inc.lat = (inc.lat[0], inc.lat[1], time.monotonic_ns(), 0)
         rs.recv_queue.append(inc)
         rs.update_readiness()
+        return rs.rcv_charge < recv_cap(rs.rcvbuf)
+
+    def receiver_full(self, daddr: IPAddress, dport: int) -> bool:
+        """The socket bound at (``daddr``, ``dport``) holds a receive queue over its cap."""
+        sock_id = self.ports.lookup(normalize(daddr), dport)
+        rs = self.socks.get(sock_id) if sock_id is not None else None
+        return rs is not None and not rs.dead and rs.rcv_charge >= recv_cap(rs.rcvbuf)
+
+    def hold_reader(self, daddr: IPAddress, dport: int, key: int, resume: Callable[[], None]) -> bool:
+        """A transport stops reading a connection because the socket bound at (``daddr``, ``dport``) is over
+        its receive cap: ``resume`` is called once, when that queue drained to half the cap or the socket
+        closed (one waiter per ``key``). False, and nothing registered, when the socket is not over its cap
+        (any more): the caller keeps reading."""
+        sock_id = self.ports.lookup(normalize(daddr), dport)
+        rs = self.socks.get(sock_id) if sock_id is not None else None
+        if rs is None or rs.dead or rs.rcv_charge < recv_cap(rs.rcvbuf):
+            return False
+        rs.rcv_waiters[key] = resume
+        self.counters["recv_cap_hold"] += 1
+        return True
+
+    def _resume_readers(self, rs: SockState) -> None:
+        waiters = list(rs.rcv_waiters.values())
+        rs.rcv_waiters.clear()
+        for resume in waiters:
+            resume()
 
     def _pong(self, ping: Incoming) -> None:
         """rds_send_pong: a message from port 0 to the pinger (no socket: sock_id 0), on path 0."""
@@ -389,6 +435,9 @@ class Stack:
         if not flags & MSG_PEEK:
             rs.recv_queue.popleft()
             self._rcvbuf_delta(rs, -len(inc.payload))
+            rs.rcv_charge -= len(inc.payload) + RECV_MSG_OVERHEAD
+            if rs.rcv_waiters and rs.rcv_charge <= recv_cap(rs.rcvbuf) // 2:
+                self._resume_readers(rs)
         out.put_recv(rs, inc)
         out.put_zcookies(rs)
         self.counters["recv_delivered"] += 1

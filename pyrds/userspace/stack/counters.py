@@ -77,6 +77,9 @@ EXTRA_NAMES = (
     "tcp_connect_raced",
     "tcp_close_unread",  # TCP connections closed with received bytes nobody read (RDS/TCP: acked, so lost)
     "tcp_close_unread_bytes",
+    "recv_cap_hold",  # a connection stopped being read: a receiving socket's queue was over its cap
+    "send_cap_refused",  # a local send refused (ENOBUFS): the destination's receive queue is over its cap
+    "pong_dropped",  # a ping not answered: its path already held the maximum of unacked pongs
 )
 
 

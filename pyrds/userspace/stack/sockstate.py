@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -80,6 +81,10 @@ class SockState:
     tos: int = 0
     recv_queue: deque[Incoming] = field(default_factory=deque)
     rcv_bytes: int = 0
+    #: bytes charged against the receive cap: payload + RECV_MSG_OVERHEAD per queued message
+    rcv_charge: int = 0
+    #: transports that stopped reading a connection because this queue is over its cap: key -> resume
+    rcv_waiters: dict[int, Callable[[], None]] = field(default_factory=dict)
     congested: bool = False
     snd_bytes: int = 0
     sent: dict[int, Outgoing] = field(default_factory=dict)  # id(Outgoing) -> message, until acked

@@ -102,8 +102,13 @@ class StackHost(Protocol):
         """The stack's statistics (RDS_INFO_COUNTERS names and the userspace extras), updated in place."""
         ...
 
-    def deliver(self, inc: Incoming) -> None:
-        """A message arrived (after the transport's sequence checks): queue it for its socket."""
+    def deliver(self, inc: Incoming) -> bool:
+        """A message arrived (after the transport's sequence checks): queue it for its socket. False: that
+        socket's queue is over its cap; a transport that reads a peer stops (:meth:`hold_reader`)."""
+
+    def hold_reader(self, daddr: IPAddress, dport: int, key: int, resume: Callable[[], None]) -> bool:
+        """Register ``resume`` (once, per ``key``) for when the socket at (daddr, dport) is back under half
+        its receive cap or closed; False (nothing registered) if it is not over its cap."""
 
     def acked(self, msg: Outgoing) -> None:
         """A sent message will never be sent again: release its send-buffer bytes."""

@@ -465,3 +465,21 @@ def test_gen_num_change_flushes_and_ends_catchup() -> None:
     assert len(changed) == 1 and [m.seq for m in changed[0].flushed] == [seq - 1, seq]  # the pong, "unacked"
     assert lane0.catchup_tx_seq == 0 and lane0.queued_bytes == 0
     assert lane3.bytes_to_send().endswith(b"w")
+
+
+def test_max_pongs_caps_unacked_pongs_and_frees_them_on_ack() -> None:
+    """A peer that pings without reading the pongs: at most ``max_pongs`` pongs are held (queued or unacked);
+    further pings are not answered (``pongs_dropped``) until TCP acked some."""
+    e = PathEngine("10.0.0.2", "10.0.0.1", max_pongs=3)
+    e.connection_made(0.0)
+    pings = b"".join(RDSHeader(seq, 0, 0, 4000, 0, 0, 0, 0, ()).encode() for seq in range(1, 6))
+    events = e.feed(pings, 0.0)
+    assert [ev.pong_queued for ev in events if isinstance(ev, PingReceived)] == [True] * 3 + [False] * 2
+    assert e.queued_pongs == 3 and e.pongs_dropped == 2
+    out = e.bytes_to_send()
+    assert e.queued_pongs == 3  # written, not acked
+    e.acked_through(len(out))
+    assert e.queued_pongs == 0
+    more = e.feed(RDSHeader(6, 0, 0, 4000, 0, 0, 0, 0, ()).encode(), 0.0)
+    assert [ev.pong_queued for ev in more if isinstance(ev, PingReceived)] == [True]
+    assert e.queued_pongs == 1

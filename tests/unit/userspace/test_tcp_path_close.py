@@ -30,8 +30,12 @@ class FakeStack:
         self.counters: defaultdict[str, int] = defaultdict(int)
         self.delivered: list[bytes] = []
 
-    def deliver(self, inc: Incoming) -> None:
+    def deliver(self, inc: Incoming) -> bool:
         self.delivered.append(inc.payload)
+        return True
+
+    def hold_reader(self, *_a: Any) -> bool:
+        return False
 
     def acked(self, _msg: Outgoing) -> None: ...
     def is_local(self, *_a: Any) -> bool:

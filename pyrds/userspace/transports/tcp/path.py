@@ -44,6 +44,8 @@ CONFIRM_POLL = 0.01  # owner: how often an unconfirmed connection checks whether
 CONFIRM_TIMEOUT = 5.0  # owner: send on a new connection after this even if nothing confirmed it
 CLOSE_TIMEOUT = 5.0  # graceful close: give up waiting for the peer's FIN
 WRITE_CHUNK = 256 * 1024
+#: pongs a path holds unacked at most (a peer that pings without reading the pongs): more pings go unanswered
+PONG_MAX = 8192
 
 
 class PathOwner(Protocol):
@@ -92,6 +94,7 @@ class TcpPath:
             index,
             local_map=conn.host.local_cong_map(conn.laddr),
             ping_enable=bool(conn.host.config.sysctl["ping_enable"]),
+            max_pongs=PONG_MAX,
             lane0=conn.paths[0].engine if index > 0 else None,
         )
         self.sock: socket.socket | None = None
@@ -107,6 +110,10 @@ class TcpPath:
         self.gen = 0  # connection generation: stale timers compare it
         self.staged: deque[Outgoing] = deque()
         self.catchup_scheduled = False
+        #: receiving sockets over their cap that this connection waits for (not read while > 0)
+        self.holds = 0
+        self._full: list[tuple[IPAddress, int]] = []  # over-cap receivers seen while feeding
+        self._registered = False  # the current socket is in the event loop
 
     @property
     def up(self) -> bool:
@@ -181,7 +188,9 @@ class TcpPath:
         self.gen += 1
         self.confirmed = False
         self.engine.connecting(time.monotonic())
+        self.holds = 0
         self.loop.register(s, W, self._on_connect)
+        self._registered = True
 
     def _on_connect(self, _mask: int) -> None:
         s = self.sock
@@ -201,11 +210,11 @@ class TcpPath:
         sysctl = self.host.config.sysctl
         tune(s, sysctl["rds_tcp_sndbuf"], sysctl["rds_tcp_rcvbuf"])
         svc = self.loop
-        if registered:
-            svc.modify(s, R, self._on_io)
-        else:
-            svc.register(s, R, self._on_io)
+        self.holds = 0
+        self._full.clear()
+        self._registered = registered
         self.outbuf = b""
+        self._interest(False)
         self.wire_bytes = 0
         self.confirmed = not self.conn.owner
         self.engine.connection_made(time.monotonic())
@@ -274,7 +283,7 @@ class TcpPath:
         except OSError:
             pass
         svc = self.loop
-        svc.modify(s, R, self._on_io)
+        self._interest(False)
         gen = self.gen
         svc.call_later(CLOSE_TIMEOUT, lambda: self._close_timeout(gen))
 
@@ -285,13 +294,14 @@ class TcpPath:
                 self.lost()
 
     def _drain_nonblocking(self) -> None:
-        while self.sock is not None:
+        while self.sock is not None and not self.holds:
             try:
                 data = self.sock.recv(WRITE_CHUNK, socket.MSG_DONTWAIT)
             except OSError:
                 return
             if not data or not self._feed(data):
                 return
+            self._hold_for_full()
 
     def lost(self) -> None:
         """The connection is gone (the peer's FIN or reset was read, a dial failed, or a protocol error):
@@ -300,6 +310,8 @@ class TcpPath:
         if s is not None:
             self.check_acks()
             self.loop.unregister(s)
+            self._registered = False
+            self.holds = 0
             unread = unread_bytes(s)
             if unread:
                 # bytes the peer's TCP saw acked (an RDS/TCP sender frees messages on that) but never read:
@@ -326,6 +338,7 @@ class TcpPath:
     def close(self) -> None:
         if self.sock is not None:
             self.loop.unregister(self.sock)
+            self._registered = False
             self.sock.close()
             self.sock = None
 
@@ -335,7 +348,6 @@ class TcpPath:
         if s is None:
             return
         if self.up and self.confirmed:
-            svc = self.loop
             while self.staged:
                 self._to_engine(self.staged.popleft())
             held = False
@@ -353,7 +365,7 @@ class TcpPath:
                     n = s.send(self.outbuf)
                 except (BlockingIOError, InterruptedError):
                     self.host.counters["tcp_sndbuf_full"] += 1
-                    svc.modify(s, R | W, self._on_io)
+                    self._interest(True)
                     break
                 except OSError:
                     self.begin_close()  # reset by the peer: what it sent before is still to be read
@@ -361,7 +373,7 @@ class TcpPath:
                 self.outbuf = self.outbuf[n:]
                 self.wire_bytes += n
             if not self.outbuf:
-                svc.modify(s, R, self._on_io)
+                self._interest(False)
         self.check_acks()
 
     def _catchup_wait(self) -> None:
@@ -428,9 +440,55 @@ class TcpPath:
             self.lost()
             return
         if self._feed(data):
+            self._hold_for_full()
             if not self.confirmed:
                 self.confirm()
             self.flush()  # pongs, and acks may have advanced
+
+    # -- bounded receive (docs/userspace.md, "Bounded resources")
+    def _interest(self, write: bool) -> None:
+        """Poll the current socket for input unless a full receiver holds this connection, and for output
+        when ``write``; with neither it leaves the event loop (the peer's TCP then sees a closed window)."""
+        s = self.sock
+        if s is None:
+            return
+        mask = (0 if self.holds else R) | (W if write else 0)
+        if not mask:
+            if self._registered:
+                self.loop.unregister(s)
+                self._registered = False
+        elif self._registered:
+            self.loop.modify(s, mask, self._on_io)
+        else:
+            self.loop.register(s, mask, self._on_io)
+            self._registered = True
+
+    def _hold_for_full(self) -> None:
+        """After a read: every receiving socket that went over its receive cap holds this connection (it is
+        not read) until that socket drained to half its cap or closed."""
+        if not self._full:
+            return
+        full, self._full = self._full, []
+        gen = self.gen
+        held = self.holds
+        for daddr, dport in dict.fromkeys(full):
+            if self.host.hold_reader(daddr, dport, id(self), lambda: self._release_hold(gen)):
+                self.holds += 1
+        if self.holds and not held:
+            log.info(
+                "RDS/TCP %s -> %s path %d: a receiving socket is over its cap; not read until it drains",
+                self.conn.faddr,
+                self.conn.laddr,
+                self.index,
+            )
+            self._interest(bool(self.outbuf))
+
+    def _release_hold(self, gen: int) -> None:
+        if gen != self.gen or self.sock is None or not self.holds:
+            return
+        self.holds -= 1
+        if not self.holds:
+            self._interest(bool(self.outbuf))
 
     def _feed(self, data: bytes) -> bool:
         """Feed received bytes to the engine; False when a protocol error dropped the connection."""
@@ -459,7 +517,7 @@ class TcpPath:
         match ev:
             case MessageReceived(header=h, payload=payload):
                 now = time.monotonic_ns()
-                host.deliver(
+                room = host.deliver(
                     Incoming(
                         self.conn.faddr,
                         self.conn.laddr,
@@ -471,11 +529,14 @@ class TcpPath:
                         lat=(now, now, now, 0),
                     )
                 )
+                if not room:
+                    self._full.append((self.conn.laddr, h.dport))
             case CongMapReceived(map=cmap):
                 host.peer_cong_map(self.conn.faddr, cmap)
             case PingReceived(pong_queued=pong_queued):
                 host.counters["recv_ping"] += 1
                 host.counters["send_pong"] += int(pong_queued)
+                host.counters["pong_dropped"] += int(not pong_queued)
             case DuplicateDropped():
                 host.counters["recv_drop_old_seq"] += 1
             case NpathsNegotiated(npaths=npaths, sport_idx=sport_idx):
