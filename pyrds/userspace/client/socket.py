@@ -87,6 +87,19 @@ def _iterable(buffers: Any) -> Any:
     return buffers if type(buffers) is list else send_buffers(buffers)
 
 
+def _refusal(ctl: socket.socket) -> int:
+    """The errno of a refusal record the service left on a control connection it then closed (it had no
+    descriptor or memory for it), else 0. Called after the connection failed: never blocks."""
+    try:
+        data = ctl.recv(4096, socket.MSG_DONTWAIT)
+        if not data or data[0] != rpc.LAST:
+            return 0
+        code, _ = rpc.decode(data[1:])
+    except (OSError, rpc.ConnectionClosed, TypeError, ValueError):
+        return 0
+    return code if isinstance(code, int) and code > 0 else 0
+
+
 def _raise(code: int, optlen: Any) -> None:
     if code == rpc.WAIT_CONG:
         raise OSError(rpc.WAIT_CONG, "destination congested")
@@ -113,6 +126,8 @@ class RDSSocket(RDSSocketBase):
         fds: list[int] = []
         try:
             self.sock_id = self._call(rpc.Op.OPEN, (), want_fds=1, fds_out=fds)
+            if not fds:  # the readiness fd was dropped: this process is out of descriptors (MSG_CTRUNC)
+                raise os_error(errno.EMFILE)
         except BaseException:
             self._ctl.close()
             raise
@@ -129,6 +144,9 @@ class RDSSocket(RDSSocketBase):
                 raw, fds = rpc.recv_record(ctl, want_fds)
                 code, result = rpc.decode(raw)
             except (rpc.ConnectionClosed, BrokenPipeError, ConnectionResetError):
+                code = _refusal(ctl)
+                if code:  # a service out of descriptors or memory answered and closed (server.py _shed)
+                    raise os_error(code) from None
                 raise os_error(errno.EPIPE, "the pyrds stack service went away") from None
         if fds_out is not None:
             fds_out.extend(fds)

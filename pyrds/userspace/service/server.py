@@ -33,12 +33,15 @@ from pyrds.userspace.service.trust import may_connect
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.errors import StackError
 from pyrds.userspace.stack.outbox import Outbox
+from pyrds.userspace.stack.resources import FD_EXHAUSTED, SpareFd
 from pyrds.userspace.stack.sockstate import SockState
 from pyrds.userspace.transports import loop_transport, tcp_transport
 
 __all__ = ["Service"]
 
 log = logging.getLogger("pyrds.userspace.service")
+#: the control listener rests this long when not even the spare descriptor let it accept
+ACCEPT_BACKOFF = 0.1
 
 
 class _Control:
@@ -84,6 +87,7 @@ class Service:
         self._stop = threading.Event()
         self._idle_since: float | None = time.monotonic()
         self._rbuf = memoryview(bytearray(rpc.MAX_PACKET + 1))
+        self._spare = SpareFd()  # accept-and-refuse at EMFILE (resources.SpareFd)
         self.stack.attach(loop_transport(self.stack))
 
     # -- lifetime
@@ -148,6 +152,7 @@ class Service:
             self.loop.unregister(self.listener)
             self.listener.close()
             self.listener = None
+        self._spare.release()
         self.loop.close()
 
     # -- control connections
@@ -156,6 +161,11 @@ class Service:
         try:
             sock, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            if exc.errno not in FD_EXHAUSTED:
+                raise
+            self._shed(self.listener, exc.errno)
             return
         try:
             peer = peer_cred(sock)
@@ -172,6 +182,31 @@ class Service:
         ctl = _Control(sock, peer)
         self._controls[sock.fileno()] = ctl
         self.loop.register(sock, selectors.EVENT_READ, lambda _m: self._on_control(ctl))
+
+    def _shed(self, listener: socket.socket, code: int) -> None:
+        """accept() failed with EMFILE/ENFILE/ENOMEM/ENOBUFS: take the connection with the spare descriptor
+        and answer its first request with that errno before closing it (the client's socket() raises it),
+        instead of leaving it in the backlog while the listener stays readable (a spin, and a client that
+        waits forever). When even that fails, stop polling the listener for ACCEPT_BACKOFF seconds."""
+        self.stack.counters["accept_emfile"] += 1
+        refusal = bytes([rpc.LAST]) + rpc.encode((code, None))
+
+        def refuse(sock: socket.socket) -> None:
+            sock.send(refusal, socket.MSG_DONTWAIT)
+
+        if self._spare.shed(listener, refuse):
+            log.warning("out of descriptors or memory (%s): refused a control connection", os.strerror(code))
+            return
+        log.warning(
+            "out of descriptors or memory (%s): not accepting for %.1f s", os.strerror(code), ACCEPT_BACKOFF
+        )
+        self.loop.unregister(listener)
+
+        def again() -> None:
+            if self.listener is listener:
+                self.loop.register(listener, selectors.EVENT_READ, self._accept)
+
+        self.loop.call_later(ACCEPT_BACKOFF, again)
 
     def _drop(self, ctl: _Control) -> None:
         self._controls.pop(ctl.sock.fileno(), None)

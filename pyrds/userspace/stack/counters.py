@@ -80,6 +80,7 @@ EXTRA_NAMES = (
     "recv_cap_hold",  # a connection stopped being read: a receiving socket's queue was over its cap
     "send_cap_refused",  # a local send refused (ENOBUFS): the destination's receive queue is over its cap
     "pong_dropped",  # a ping not answered: its path already held the maximum of unacked pongs
+    "accept_emfile",  # a connection accepted at EMFILE/ENFILE with the spare fd and refused at once
 )
 
 

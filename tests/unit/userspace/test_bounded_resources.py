@@ -4,14 +4,18 @@ A raw RDS/TCP peer in a second namespace floods the service (whose namespace has
 only accepts): messages to a bound socket that never reads, and pings whose pongs it never reads. The service
 must stop reading that TCP connection (the flooder's sends stall) with its resident memory under a bound,
 resume when the socket is read (every message delivered, in order) and give the memory back when it closes.
-Root only (network namespaces).
+And a service out of descriptors answers socket() with an errno instead of leaving it waiting forever.
+Root only (network namespaces, a foreground service under a low RLIMIT_NOFILE).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import resource
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -21,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from pyrds.userspace.config import stack_address
 from pyrds.userspace.proto.header import RDSHeader
 from tests.unit.userspace.fakes import veth_namespaces
 
@@ -240,3 +245,120 @@ def test_ping_flood_without_reading_pongs_is_bounded(wire: tuple[str, str]) -> N
         sink.close()
         peer.close()
         flood.join(5)
+
+
+# -- EMFILE in the service
+
+
+def _limit_fds(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_service_out_of_descriptors_answers_socket_with_an_errno() -> None:
+    """A service limited to 64 descriptors: socket() after socket() until one fails; it must fail promptly
+    with EMFILE (or ENFILE/ENOBUFS/ENOMEM), never block, the service must not spin, and once sockets are
+    closed socket() works again. Before, the 20th socket() waited forever while the service spun."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (the shared stack name)")
+    import pyrds
+
+    with stack_env():
+        os.environ["PYRDS_IDLE_EXIT"] = "30"
+        env = dict(os.environ, PYRDS_TCP_PORT=str(21000 + os.getpid() % 20000))
+        svc = subprocess.Popen(
+            [sys.executable, "-m", "pyrds.userspace.service", "--shared"],
+            env=env,
+            preexec_fn=lambda: _limit_fds(64),  # noqa: PLW1509 - single-threaded child setup
+            stdin=subprocess.DEVNULL,
+        )
+        socks: list[Any] = []
+        try:
+            deadline = time.monotonic() + 30
+            while True:  # wait for our service's listener (a client would start another one)
+                probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                try:
+                    probe.connect(stack_address())
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "service did not start"
+                    time.sleep(0.1)
+                finally:
+                    probe.close()
+            result: list[Any] = []
+
+            def open_until_error() -> None:
+                try:
+                    for _ in range(200):
+                        socks.append(pyrds.socket("userspace"))
+                    result.append(None)
+                except OSError as exc:
+                    result.append(exc)
+
+            t = threading.Thread(target=open_until_error, daemon=True)
+            t.start()
+            t.join(30)
+            assert not t.is_alive(), f"socket() blocked with {len(socks)} sockets open in a 64-fd service"
+            exc = result[0]
+            print(f"socket() #{len(socks) + 1} of a 64-fd service: {exc!r}")
+            assert isinstance(exc, OSError), "200 sockets in a service limited to 64 descriptors"
+            assert exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM), exc
+            assert svc.poll() is None
+            # a refused socket() leaves no spinning service behind: under a tenth of a CPU-second per second
+            cpu = _cpu_seconds(svc.pid)
+            time.sleep(1.0)
+            assert _cpu_seconds(svc.pid) - cpu < 0.1
+            for s in socks[-4:]:
+                s.close()
+            del socks[-4:]
+            time.sleep(0.2)
+            s = pyrds.socket("userspace")  # descriptors free again: served
+            s.bind(("127.0.0.1", 0))
+            s.close()
+        finally:
+            for s in socks:
+                s.close()
+            svc.terminate()
+            svc.wait(10)
+
+
+@pytest.mark.parametrize("client_sends_first", [True, False])
+def test_client_reads_the_refusal_of_a_service_that_closed(client_sends_first: bool) -> None:
+    """The service's refusal at EMFILE is one record and a close. The client sees its errno whether its
+    request was sent before the close (ECONNRESET on recv, then the record is read) or after it (EPIPE on
+    send, then the record is read)."""
+    from pyrds.userspace import rpc
+    from pyrds.userspace.client.socket import RDSSocket, _refusal
+
+    client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock = object.__new__(RDSSocket)
+    sock._lock = threading.Lock()
+    sock._ctl = client
+    sock._limit = rpc.CHUNK
+    try:
+
+        def refuse() -> None:
+            server.send(bytes([rpc.LAST]) + rpc.encode((errno.EMFILE, None)))
+            server.close()
+
+        if client_sends_first:
+            # the service closes with the request unread: the client's recv fails with ECONNRESET first
+            # (what _call catches), the refusal record is still there to read
+            rpc.send_record(client, rpc.encode((int(rpc.Op.OPEN), ())))
+            refuse()
+            with pytest.raises(ConnectionResetError):
+                rpc.recv_record(client)
+            assert _refusal(client) == errno.EMFILE
+            return
+        refuse()
+        with pytest.raises(OSError) as err:
+            sock._call(rpc.Op.OPEN, (), want_fds=1)
+        assert err.value.errno == errno.EMFILE
+    finally:
+        client.close()
+        server.close()

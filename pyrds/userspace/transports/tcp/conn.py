@@ -75,7 +75,10 @@ class TcpConn:
 
     def doorbell(self) -> None:
         """The larger address asks the owner to connect: a dial that is closed again right away."""
-        s = self.new_socket()
+        try:
+            s = self.new_socket()
+        except OSError:  # out of descriptors: the next send or the owner's own dial tries again
+            return
         try:
             s.bind((str(self.laddr), 0))
             s.connect_ex((str(self.faddr), self.host.config.tcp_peer_port))

@@ -176,7 +176,11 @@ class TcpPath:
         self.dial_scheduled = False
         if self.sock is not None or self.conn.closed:
             return
-        s = self.conn.new_socket()
+        try:
+            s = self.conn.new_socket()
+        except OSError:  # EMFILE/ENFILE/ENOBUFS: retried after the reconnect backoff, never in a loop
+            self.conn.path_down(self)
+            return
         try:
             bind_path_port(s, str(self.conn.laddr), self.index)
             s.connect_ex((str(self.conn.faddr), self.host.config.tcp_peer_port))

@@ -10,6 +10,8 @@ socket tuning and source-port helpers. This module is what the stack sees: the
 from __future__ import annotations
 
 import ipaddress
+import logging
+import os
 import socket
 from collections.abc import Iterable
 
@@ -18,6 +20,7 @@ from pyrds.constants import RDS_FLAG_PROBE_PORT, InfoConnectionFlag
 from pyrds.constants import Transport as TransportType
 from pyrds.userspace.proto.path import PathState
 from pyrds.userspace.stack.ports import normalize
+from pyrds.userspace.stack.resources import FD_EXHAUSTED, SpareFd
 from pyrds.userspace.stack.sockstate import Outgoing
 from pyrds.userspace.stack.transport import (
     ConnectionRow,
@@ -32,6 +35,10 @@ from pyrds.userspace.transports.tcp.path import R
 
 __all__ = ["TcpTransport"]
 
+log = logging.getLogger("pyrds.userspace.tcp")
+#: the listener rests this long when not even the spare descriptor let it accept
+ACCEPT_BACKOFF = 0.1
+
 
 class TcpTransport:
     kind = TransportType.TCP
@@ -44,6 +51,7 @@ class TcpTransport:
         self.conns: dict[tuple[IPAddress, IPAddress], TcpConn] = {}
         self.listener: socket.socket | None = None
         self.closed = False
+        self._spare: SpareFd | None = None
 
     def start(self) -> None:
         """Dual-stack listener on [::]:PYRDS_TCP_PORT with SO_REUSEADDR (rds_tcp_listen_init)."""
@@ -58,6 +66,7 @@ class TcpTransport:
             raise
         s.setblocking(False)
         self.listener = s
+        self._spare = SpareFd()
         self.loop.register(s, R, self._accept)
 
     def conn(self, laddr: IPAddress, faddr: IPAddress) -> TcpConn:
@@ -72,6 +81,11 @@ class TcpTransport:
         try:
             s, peer = self.listener.accept()
         except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            if exc.errno not in FD_EXHAUSTED:
+                raise
+            self._shed(self.listener, exc.errno)
             return
         s.setblocking(False)
         try:
@@ -90,6 +104,22 @@ class TcpTransport:
             c.advance()
             return
         c.accept(s, int(peer[1]))
+
+    def _shed(self, listener: socket.socket, code: int) -> None:
+        """accept() failed for want of descriptors or memory: accept the peer with the spare descriptor and
+        close it (it re-dials with backoff), or rest the listener a moment; never a readable listener left
+        unserved, which spins the service."""
+        self.host.counters["accept_emfile"] += 1
+        if self._spare is not None and self._spare.shed(listener, lambda _s: None):
+            log.warning("RDS/TCP: out of descriptors or memory (%s): refused a connection", os.strerror(code))
+            return
+        self.loop.unregister(listener)
+
+        def again() -> None:
+            if self.listener is listener:
+                self.loop.register(listener, R, self._accept)
+
+        self.loop.call_later(ACCEPT_BACKOFF, again)
 
     # -- the Transport interface
     def transmit(self, msg: Outgoing, hash_key: HashKey) -> None:
@@ -141,6 +171,9 @@ class TcpTransport:
             self.loop.unregister(self.listener)
             self.listener.close()
             self.listener = None
+        if self._spare is not None:
+            self._spare.release()
+            self._spare = None
 
     # -- info tables
     def info_connections(self) -> Iterable[ConnectionRow]:
