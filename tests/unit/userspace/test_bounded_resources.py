@@ -241,6 +241,12 @@ def test_ping_flood_without_reading_pongs_is_bounded(wire: tuple[str, str]) -> N
         print(f"VmRSS kB: start {base}, after the ping flood +{grown}; pongs dropped {dropped}")
         assert grown < 32 * 1024, (base, grown)
         assert dropped is not None and dropped > 0
+        sink.close()
+        peer.close()  # unread pongs: a reset
+        deadline = time.monotonic() + 30  # PYRDS_IDLE_EXIT=2: the service idles out once the peer is gone
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not os.path.exists(f"/proc/{pid}"), "the service did not idle out after the ping flood"
     finally:
         sink.close()
         peer.close()
