@@ -13,7 +13,7 @@ from pyrds.testing.kernelinfo import short_alias
 from vm import accel as accel_mod
 from vm import catalog, guestpy
 from vm.kernel import GuestKernel, KernelNotFound, find_kernel
-from vm.runner import HarnessError, RunConfig, RunResult, run
+from vm.runner import HarnessError, RunConfig, RunResult, cached_trees, run
 
 _FETCHED = tuple(k.alias for k in catalog.MATRIX if not k.host_package)
 
@@ -45,6 +45,11 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modules", default=None, help="comma list of modules to modprobe (default: RDS set)")
     p.add_argument("--system-python", action="store_true", help="don't use the guest venv (Debian's python3)")
     p.add_argument("--keep-results", action="store_true", help="keep the shared results directory")
+    p.add_argument(
+        "--no-code-cache",
+        action="store_true",
+        help="read the repository and Python from vng's uncached 9p root (slower; see runner.cached_trees)",
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="show the guest kernel console")
 
 
@@ -109,10 +114,13 @@ def _config(args: argparse.Namespace, kernel: GuestKernel, copy_out: str | None)
         keep_results=args.keep_results,
         copy_out=copy_out,
         verbose=args.verbose,
+        code_cache=not args.no_code_cache,
     )
+    trees = cached_trees(cfg)
     print(
         f"[vm] kernel {kernel.release}, accel {acc} ({why}), topology {cfg.topology}, "
-        f"python {'venv ' + venv_bin if venv_bin else guestpy.SYSTEM_PYTHON}",
+        f"python {'venv ' + venv_bin if venv_bin else guestpy.SYSTEM_PYTHON}, "
+        f"cached code trees {', '.join(trees) if trees else 'none'}",
         file=sys.stderr,
     )
     return cfg

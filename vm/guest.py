@@ -81,6 +81,32 @@ def setup_link(mac: str, cidr: str, rxe: str) -> str:
     return ifname
 
 
+def mount_cached_trees(specs: list[str], repo: str) -> list[str]:
+    """Mount each ``TAG=PATH`` (a read-only 9p export of host PATH, see vm/runner.py cached_trees) with
+    ``cache=loose`` over PATH: the repository as the lower layer of a fresh tmpfs-backed overlay (writes stay
+    in the guest, as with vng's --overlay-rwdir), anything else bind-mounted. A mount that fails leaves PATH
+    on vng's uncached root (slower, same content). Returns the paths now cached."""
+    done: list[str] = []
+    for spec in specs:
+        tag, _, path = spec.partition("=")
+        stage = f"/run/pyrds-cache/{tag}"
+        os.makedirs(stage, exist_ok=True)
+        opts = "trans=virtio,version=9p2000.L,cache=loose,msize=524288,ro"
+        if sh(["mount", "-t", "9p", "-o", opts, tag, stage]).returncode != 0:
+            continue
+        if os.path.realpath(path) == os.path.realpath(repo):
+            upper, work = f"/run/pyrds-cache/{tag}.upper", f"/run/pyrds-cache/{tag}.work"
+            os.makedirs(upper, exist_ok=True)
+            os.makedirs(work, exist_ok=True)
+            argv = ["mount", "-t", "overlay", "-o", f"lowerdir={stage},upperdir={upper},workdir={work}"]
+            ok = sh([*argv, f"pyrds_{tag}", path]).returncode == 0
+        else:
+            ok = sh(["mount", "--bind", stage, path]).returncode == 0
+        if ok:
+            done.append(path)
+    return done
+
+
 def wait_for(path: str, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -103,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-addr", default="")
     ap.add_argument("--rxe", default="rxe0")
     ap.add_argument("--wait-peer", action="store_true", help="guest A: wait for b/ready before CMD")
+    ap.add_argument("--cached-tree", action="append", default=[], help="TAG=PATH: 9p export to mount cached")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -113,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(own, exist_ok=True)
 
     t_init = uptime()
+    cached = mount_cached_trees(args.cached_tree, args.repo)
     modules = load_modules([m for m in args.modules.split(",") if m])
     sh(["ip", "link", "set", "lo", "up"])
     env = dict(os.environ)
@@ -162,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = 125
     else:
         started = {"uptime": uptime(), "init_uptime": t_init, "modules": modules, "netdev": netdev}
+        started["cached"] = cached
         write_json(os.path.join(own, "started"), started)
         try:
             rc = subprocess.call(cmd, cwd=args.repo, env=env)

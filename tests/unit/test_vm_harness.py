@@ -35,8 +35,10 @@ def test_netns_command_tcg_and_junit() -> None:
     argv = runner.guest_command(cfg, "a", "/res", None)
     assert argv[:3] == ["/usr/bin/vng", "--run", KERNEL.vmlinuz]
     assert "--disable-kvm" in argv and "--rwdir" in argv
-    assert not any(a.startswith("--qemu-opts") for a in argv)
+    (opts,) = [a for a in argv if a.startswith("--qemu-opts=")]  # the cached code trees (cached_trees)
+    assert f"-virtfs local,path={os.path.realpath(runner.REPO_ROOT)},mount_tag=pyrdsro0," in opts
     inner = _inner(argv)
+    assert f"pyrdsro0={os.path.realpath(runner.REPO_ROOT)}" in inner
     assert inner[-1] == "--junitxml=/res/a/junit.xml"
     assert inner[inner.index("--") + 1 :][:3] == ["python3", "-m", "pytest"]
 
@@ -56,10 +58,31 @@ def test_two_guests_socket_netdev() -> None:
     )
     a = runner.guest_command(cfg, "a", "/res", 4444)
     b = runner.guest_command(cfg, "b", "/res", 4444)
-    assert any(x.startswith("--qemu-opts=-netdev socket,id=pyrdsnet,listen=127.0.0.1:4444") for x in a)
-    assert any(x.startswith("--qemu-opts=-netdev socket,id=pyrdsnet,connect=127.0.0.1:4444") for x in b)
+    (opts_a,) = [x for x in a if x.startswith("--qemu-opts=")]  # one option: vng takes the last one only
+    (opts_b,) = [x for x in b if x.startswith("--qemu-opts=")]
+    assert "-netdev socket,id=pyrdsnet,listen=127.0.0.1:4444" in opts_a and "-virtfs " in opts_a
+    assert "-netdev socket,id=pyrdsnet,connect=127.0.0.1:4444" in opts_b
     assert "--wait-peer" in _inner(a) and "--wait-peer" not in _inner(b)
     assert _inner(b)[-1] == "agent" and "10.99.0.2/24" in _inner(b)
+
+
+def test_cached_trees(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The repository, the harness's Python prefixes and the guest venv, each once, nested ones and /usr
+    left out; none with code_cache=False (no extra 9p device, no mount in the guest)."""
+    base, venv = tmp_path / "base", tmp_path / "venv"
+    base.mkdir()
+    (venv / "bin").mkdir(parents=True)
+    monkeypatch.setattr(runner.sys, "base_prefix", str(base))
+    monkeypatch.setattr(runner.sys, "prefix", os.path.join(runner.REPO_ROOT, ".tox", "x"))
+    cfg = runner.RunConfig(kernel=KERNEL, accel="tcg", cmd=["true"], venv_bin=str(venv / "bin"))
+    trees = runner.cached_trees(cfg)
+    assert sorted(trees) == sorted([os.path.realpath(runner.REPO_ROOT), str(base), str(venv)])
+    monkeypatch.setattr(runner.sys, "base_prefix", "/usr")
+    assert "/usr" not in runner.cached_trees(cfg)
+    cfg.code_cache = False
+    assert runner.cached_trees(cfg) == []
+    argv = runner.guest_command(cfg, "a", "/res", None)
+    assert not any(a.startswith("--qemu-opts") for a in argv) and "--cached-tree" not in _inner(argv)
 
 
 def test_exec_survives_base64_roundtrip() -> None:
