@@ -34,17 +34,25 @@ class Watchdog:
     """Ends a transfer that outlasts ``timeout`` seconds or, with ``stall``, makes no progress for ``stall``
     seconds (a stalled transfer, told apart from a slow one on a busy machine)."""
 
+    #: pauses in progress at least this long are recorded in :attr:`pauses`
+    PAUSE_S = 1.0
+
     def __init__(self, timeout: float, stall: float | None) -> None:
         now = time.monotonic()
         self.timeout, self.stall = timeout, stall
-        self.deadline, self.last = now + timeout, now
+        self.start, self.deadline, self.last = now, now + timeout, now
         self.mark: object = None
+        #: (seconds since start when the pause began, its length, progress mark during it): where a slow
+        #: transfer spent its time (a reconnect backoff, a retransmit wait) for the test's log
+        self.pauses: list[tuple[float, float, object]] = []
 
     def why_stop(self, progress: object) -> str | None:
         """None while the transfer may go on (``progress``: anything that changes when it moves), else why
         it must end."""
         now = time.monotonic()
         if progress != self.mark:
+            if now - self.last >= self.PAUSE_S and len(self.pauses) < 50:
+                self.pauses.append((round(self.last - self.start, 2), round(now - self.last, 2), self.mark))
             self.mark, self.last = progress, now
         elif self.stall is not None and now - self.last > self.stall:
             return f"stalled: nothing for {self.stall:g}s"
@@ -135,6 +143,9 @@ def exchange(
         "recv": {k: h.hexdigest() for k, h in recv_hash.items()},
         "recv_n": recv_n,
         "retries": retries,
+        "refusals": {errno.errorcode.get(e, str(e)): n for e, n in sorted(refusals.items())},
+        "elapsed_s": round(time.monotonic() - watchdog.start, 2),
+        "pauses": watchdog.pauses,
     }
 
 
