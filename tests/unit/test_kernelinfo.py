@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pyrds.testing.kernelinfo import KernelRace, before_fix_series, kernel_line, short_alias
+from pyrds.testing.kernelinfo import KernelRace, before_fix_series, kernel_line, race_recorded, short_alias
 
 
 def test_kernel_lines_and_aliases() -> None:
@@ -29,3 +29,14 @@ def test_a_race_always_records_the_same_outcome(exact: bool, capsys: pytest.Capt
         KernelRace("netem-resets", "fixed reason").record(exact, f"received {1999 if not exact else 2000}")
     assert str(exc.value) == "netem-resets (kernel < 7.0): fixed reason"  # the same whatever arrived
     assert ("NOT exact" in capsys.readouterr().out) is (not exact)
+
+
+def test_a_recorded_race_marks_the_namespaces_for_a_rebuild() -> None:
+    """The two-node fixture asks race_recorded() after each test and rebuilds the namespaces when a race was
+    recorded: the kernel's RDS/TCP state there may be wedged."""
+    race_recorded()
+    assert race_recorded() is False
+    with pytest.raises(pytest.xfail.Exception):
+        KernelRace("reset-stall", "why").record(False, "1628 of 2000")
+    assert race_recorded() is True
+    assert race_recorded() is False  # cleared by the call
