@@ -18,20 +18,21 @@ Nothing on the wire names the path, so both ends must agree on the pairing of TC
   TCP-acked what arrived on it. (Confirming by the pong to a probe sent after the retransmissions did worse in
   the guest.)
 * A pyrds owner dials from a source port that names the path (:func:`dial_port`): low byte
-  ``PORT_TAG | index``. A pyrds acceptor pairs such a connection by that index and, if the path still holds an
-  older connection, the new one replaces it (the owner only dials a path that it has closed). Untagged
-  connections (a 6.1 kernel dialling) get the first free path, as in 6.1, or with a single path replace the
-  stale one (:func:`accept_path`). 6.1's random source ports look tagged one time in 32: a tag counts only
+  ``PORT_TAG | index``. A pyrds acceptor pairs such a connection by that index; if the path still holds an
+  older connection, the new one waits (unread) until the old one is gone: like every kernel, an incoming
+  connection never replaces a live path (anyone on the peer's host can dial from such a port). Untagged
+  connections (a 6.1 kernel dialling) get the first free path, as in 6.1, or with a single path wait for
+  it (:func:`accept_path`). 6.1's random source ports look tagged one time in 32: a tag counts only
   for index 0 before the handshake and never once the peer is known to be 6.1 (:meth:`TcpConn.accept`).
 * 7.x (``RDS_EXTHDR_SPORT_IDX``): a 7.x dialer binds path i to a source port with ``port % 8 == i``
   (``ALIGN(port_low, 8) + group * 8 + i``), and says so with SPORT_IDX on its probe/pong. A pyrds dialer's
   tagged ports satisfy the same rule (``0xA8 | i``), and its probes carry SPORT_IDX too. Once the peer's last
   probe/pong carried SPORT_IDX, an incoming connection belongs to path ``port % npaths`` (7.x
-  ``rds_tcp_accept_one_path``), whoever dialled; if that path still has a connection, the new one replaces
-  it (the peer only dials a path it has closed; 7.x stashes the new socket until the old one is gone instead,
-  which a lost RST can delay until keepalive gives up). Before any handshake nothing is known: the rules
-  above apply. At fan-out, an acceptor whose path 0 came from a port with ``port % npaths != 0`` drops it
-  (the peer opened another path first), like 7.x.
+  ``rds_tcp_accept_one_path``), whoever dialled; if that path still has a connection, the new one waits
+  until the old one is gone (7.x stashes it the same way), and the old one's keepalive probe is made at
+  once, so a connection the peer lost (a restart, a lost RST) is reset within about a second. Before
+  any handshake nothing is known: the rules above apply. At fan-out, an acceptor whose path 0 came from a
+  port with ``port % npaths != 0`` drops it (the peer opened another path first), like 7.x.
 """
 
 from __future__ import annotations
@@ -99,15 +100,16 @@ def pyrds_dialer_port(peer_port: int, npaths: int, peer_is_61: bool) -> int | No
 def accept_path(
     peer_port: int | None, busy: Sequence[bool], sport_idx: bool = False
 ) -> tuple[int, bool] | None:
-    """The acceptor's choice for an incoming connection: ``(path index, replaces an open connection)``, or
-    None to refuse it. ``peer_port``: a pyrds dialer's tagged source port, None for any other dialer.
+    """The acceptor's choice for an incoming connection: ``(path index, that path still has a connection)``,
+    or None to refuse it; the caller makes a connection for a busy path wait until the path is down.
+    ``peer_port``: a pyrds dialer's tagged source port, None for any other dialer.
     ``busy[i]``: path i has a connection; ``len(busy)`` is the number of usable paths (``max(1, npaths)``).
     ``sport_idx``: the peer's last probe/pong carried SPORT_IDX, so every dialer port names its path
-    (``peer_port`` is then the raw source port): path ``peer_port % len(busy)``, replacing a stale connection.
+    (``peer_port`` is then the raw source port): path ``peer_port % len(busy)``.
 
     A single-path dialer that is not pyrds (6.1) only dials again when its connection is dead, and it writes
     on the new connection as soon as TCP completes: refusing it would throw away what our TCP already acked,
-    so the new connection replaces the stale one."""
+    so the new connection is for path 0 even while the stale one is still there."""
     if sport_idx and peer_port is not None:
         if not busy:
             return None

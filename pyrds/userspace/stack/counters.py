@@ -81,6 +81,8 @@ EXTRA_NAMES = (
     "send_cap_refused",  # a local send refused (ENOBUFS): the destination's receive queue is over its cap
     "pong_dropped",  # a ping not answered: its path already held the maximum of unacked pongs
     "accept_emfile",  # a connection accepted at EMFILE/ENFILE with the spare fd and refused at once
+    "tcp_accept_deferred",  # an incoming connection held unread: its path still had a connection
+    "tcp_accept_refused_live",  # a waiting connection refused: its path's own connection proved alive
 )
 
 

@@ -53,7 +53,7 @@ def test_sport_idx_ports_like_7x_connect() -> None:
 
 def test_accept_with_sport_idx_pairs_by_port_modulo_npaths() -> None:
     """Once the peer's probe/pong carried SPORT_IDX: path ``port % npaths`` for any dialer (a 7.x kernel's
-    untagged ports too); a busy path is replaced (the peer only re-dials a path it closed)."""
+    untagged ports too); a busy path is reported as such (the connection then waits for it)."""
     busy = [True, False, False, True]
     assert accept_path(40003, busy, sport_idx=True) == (3, True)
     assert accept_path(40006, busy, sport_idx=True) == (2, False)  # 40006 % 8 == 6, % 4 == 2
@@ -64,7 +64,7 @@ def test_accept_with_sport_idx_pairs_by_port_modulo_npaths() -> None:
 
 def test_accept_tagged_pairs_by_index_and_replaces_stale() -> None:
     busy = [True, False, True, False]
-    assert accept_path(dial_port(5, 2), busy) == (2, True)  # the owner re-dialled 2: the old one is stale
+    assert accept_path(dial_port(5, 2), busy) == (2, True)  # the owner re-dialled 2: waits for the old one
     assert accept_path(dial_port(5, 3), busy) == (3, False)
     assert accept_path(dial_port(5, 6), busy) is None  # beyond the negotiated paths
 
@@ -74,7 +74,7 @@ def test_accept_untagged_first_free_like_6_1() -> None:
     assert accept_path(None, [True, True]) is None
 
 
-def test_accept_single_path_redial_replaces_instead_of_refusing() -> None:
+def test_accept_single_path_redial_waits_instead_of_being_refused() -> None:
     # A 6.1 dialer writes as soon as TCP connects: refusing would discard what our TCP acked on it.
     assert accept_path(None, [True]) == (0, True)
     assert accept_path(None, [False]) == (0, False)
@@ -130,7 +130,8 @@ class PeerPyrds:
 def run_owner(peer: Peer61 | PeerPyrds, n: int, failures: list[tuple[int, int]], stale: bool) -> None:
     """The owner follows next_dial; on a failure of path ``f`` it tears every path down (each close reaches
     the peer before the next dial, unless ``stale``: then the peer's path f stays up and a pyrds acceptor
-    must replace it). Asserts that every connection lands on the peer path with the same index."""
+    must give it the re-dial once the old one is gone). Asserts that every connection lands on the peer path
+    with the same index."""
     lanes = [Lane.DOWN] * n
     pairing: dict[int, int] = {}
     pending = list(failures)
@@ -261,7 +262,7 @@ def test_7x_dialer_parallel_redials_pair_on_a_pyrds_acceptor_with_sport_idx(
     order: list[int], groups: list[int]
 ) -> None:
     """A 7.x owner re-dials its paths in parallel from ``ALIGN(low, 8) + group * 8 + i``; a pyrds acceptor
-    that saw SPORT_IDX pairs them by index in any arrival order, replacing the stale connections."""
+    that saw SPORT_IDX pairs them by index in any arrival order, each once its stale connection is gone."""
     busy = [True] * 8
     for i in order:
         port = 32768 + groups[i] * 8 + i

@@ -4,6 +4,7 @@ re-probing, the path 0 catch-up with its counter, the dialer's source ports, SO_
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import os
@@ -146,7 +147,35 @@ def test_7x_dialer_paths_pair_by_source_port_once_its_probe_says_sport_idx(
     assert conn.paths[0].peer_port == port0
 
 
-def test_redial_of_a_busy_path_replaces_it_after_reading_what_it_holds(peers: list[socket.socket]) -> None:
+def message(index: int, sport: int, payload: bytes, seq: int = 1) -> bytes:
+    """One RDS/TCP message as a peer's path ``index`` writes it (sequence ``seq``)."""
+    eng = PathEngine(SMALL, LARGE, index)
+    eng.connection_made(0.0)
+    for _ in range(seq - 1):
+        eng.queue(sport, 5000, b"")
+    eng.bytes_to_send()
+    eng.queue(sport, 5000, payload)
+    return eng.bytes_to_send()
+
+
+def poll_path(path: Any, until: Any, timeout: float = 5.0) -> bool:
+    """The event loop for one path: read its socket while ``until()`` is false (FakeSvc polls nothing)."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    while not until() and time.monotonic() < deadline:
+        s = path.sock
+        if s is not None and select.select([s], [], [], 0.05)[0]:
+            path._on_io(tcp_path.R)
+        else:
+            time.sleep(0.02)
+    return bool(until())
+
+
+def test_redial_of_a_busy_path_waits_until_the_old_connection_is_gone(peers: list[socket.socket]) -> None:
+    """The peer re-dials path 3 before our side read the old connection's end: the new connection waits
+    (7.x stashes it), the old one is read to its FIN (its message, acked by our TCP, is delivered), then
+    the new one gets the path."""
     conn, _svc, stack = make_conn(owner=False)
     port0 = kernel_port(0)
     conn.accept(connect_from(port0, peers), port0)
@@ -154,18 +183,97 @@ def test_redial_of_a_busy_path_replaces_it_after_reading_what_it_holds(peers: li
     old_port = kernel_port(3)
     conn.accept(connect_from(old_port, peers), old_port)
     old_dialer = peers[-1]
-    eng = PathEngine(SMALL, LARGE, 3)
-    eng.connection_made(0.0)
-    eng.queue(4000, 5000, b"acked by our TCP, never read")
-    old_dialer.sendall(eng.bytes_to_send())
+    old_dialer.sendall(message(3, 4000, b"acked by our TCP, never read"))
+    old_dialer.shutdown(socket.SHUT_WR)  # the peer dropped the old connection ...
     time.sleep(0.05)
     new_port = kernel_port(3)
-    conn.accept(connect_from(new_port, peers), new_port)
-    assert conn.paths[3].peer_port == new_port
+    conn.accept(connect_from(new_port, peers), new_port)  # ... and re-dialled before we read its FIN
+    assert conn.paths[3].peer_port == old_port and len(conn.waiting) == 1
+    assert stack.counters["tcp_accept_deferred"] == 1
+    assert poll_path(conn.paths[3], lambda: conn.paths[3].peer_port == new_port)
     assert stack.counters["recv_drop_no_sock"] == 1  # the old connection's message was read and delivered
+    assert not conn.waiting
     while old_dialer.recv(65536):  # our congestion map, then EOF: the old connection is closed
         pass
     assert stack.counters["tcp_connect_raced"] == 0
+
+
+@pytest.mark.parametrize("sport_idx", [True, False])
+def test_a_second_connection_for_a_live_path_neither_replaces_it_nor_delivers(
+    peers: list[socket.socket], sport_idx: bool
+) -> None:
+    """Issue 8: anyone on the peer's host can dial from a port shaped like a path (``port % 8 == i``, or a
+    pyrds tag). No kernel lets such a connection take a path that is up (``rds_tcp_accept_one_path`` only
+    claims RDS_CONN_DOWN paths), so neither does the stack: the live path keeps its connection and carries
+    on, what the newcomer writes is not read, and once the live connection proved alive after the newcomer
+    arrived (its keepalive probe acked), the newcomer is refused as 6.1 refuses it; nothing of it is ever
+    delivered, not even when the live path goes down later."""
+    from pyrds.userspace.transports.tcp.conn import MAX_WAITING, PROOF_DELAY
+
+    conn, svc, stack = make_conn(owner=False)
+    port0 = kernel_port(0) if sport_idx else tcp_sockopt.dial_port(random.getrandbits(16), 0)
+    conn.accept(connect_from(port0, peers), port0)
+    genuine = peers[-1]
+    index = 3 if sport_idx else 0
+    conn.paths[0]._feed(PROBE_7X if sport_idx else PROBE_61)
+    assert conn.npaths == 8 and conn.with_sport_idx == sport_idx
+    if sport_idx:
+        port = kernel_port(3)
+        conn.accept(connect_from(port, peers), port)
+        genuine = peers[-1]
+    live = conn.paths[index]
+    live_port = live.peer_port
+
+    def shaped() -> int:
+        return kernel_port(index) if sport_idx else tcp_sockopt.dial_port(random.getrandbits(16), 0)
+
+    forged_port = shaped()
+    conn.accept(connect_from(forged_port, peers), forged_port)
+    forger = peers[-1]
+    forger.sendall(message(index, 4444, b"forged", seq=1000))
+    time.sleep(0.05)
+    assert live.peer_port == live_port and live.sock is not None and not live.closing
+    assert stack.counters["recv_drop_no_sock"] == 0  # nothing of the forger's was read
+    genuine.sendall(message(index, 4000, b"genuine"))
+    assert poll_path(live, lambda: stack.counters["recv_drop_no_sock"] == 1)
+    assert live.peer_port == live_port and len(conn.waiting) == 1
+    # more than MAX_WAITING hopefuls: the rest is refused at once, like a full accept backlog
+    for _ in range(MAX_WAITING):
+        extra = shaped()
+        conn.accept(connect_from(extra, peers), extra)
+    assert len(conn.waiting) == MAX_WAITING and stack.counters["tcp_connect_raced"] == 1
+    time.sleep(PROOF_DELAY + 0.2)  # the live connection's keepalive probe (made at once) has been acked
+    svc.run_timers(PROOF_DELAY)
+    assert not conn.waiting and stack.counters["tcp_accept_refused_live"] == MAX_WAITING
+    forger.settimeout(2)
+    with contextlib.suppress(ConnectionResetError):
+        assert forger.recv(65536) == b""  # refused: closed unread
+    genuine.close()  # the genuine path goes down now: nothing takes it, nothing forged is read
+    assert poll_path(live, lambda: live.sock is None)
+    assert live.sock is None and stack.counters["recv_drop_no_sock"] == 1
+
+
+def test_a_connection_the_peer_lost_silently_gives_way_within_seconds(peers: list[socket.socket]) -> None:
+    """The peer lost path 0's connection without a FIN or RST reaching us (a reboot, a lost RST): a new
+    connection for the path makes the old one's keepalive probe happen at once; the peer's reset answers
+    it and the waiting connection takes the path (keepalive alone would wait 5 s of silence first)."""
+    if os.geteuid() != 0:
+        pytest.skip("TCP_REPAIR (a close that sends nothing) needs CAP_NET_ADMIN")
+    conn, _svc, stack = make_conn(owner=False)
+    port0 = tcp_sockopt.dial_port(random.getrandbits(16), 0)
+    conn.accept(connect_from(port0, peers), port0)
+    p0 = conn.paths[0]
+    gone = peers.pop()
+    gone.setsockopt(socket.IPPROTO_TCP, 19, 1)  # TCP_REPAIR: close() sends nothing
+    gone.close()
+    time.sleep(1.1)  # the old connection has been silent for a second
+    new_port = tcp_sockopt.dial_port(random.getrandbits(16), 0)
+    started = time.monotonic()
+    conn.accept(connect_from(new_port, peers), new_port)
+    assert p0.peer_port == port0
+    assert poll_path(p0, lambda: p0.peer_port == new_port, timeout=4.0), "the dead connection kept the path"
+    print(f"the waiting connection got path 0 after {time.monotonic() - started:.2f} s")
+    assert stack.counters["conn_reset"] == 1
 
 
 def test_6_1_dialer_keeps_the_single_path_rules(peers: list[socket.socket]) -> None:
@@ -177,7 +285,10 @@ def test_6_1_dialer_keeps_the_single_path_rules(peers: list[socket.socket]) -> N
     pong = [h for h in read_frames(peers[0], 2) if h.flags != 1][0]
     assert pong.ext(ExtHeaderType.NPATHS) == ExtHeader.npaths(1)
     port = kernel_port(5)
-    conn.accept(connect_from(port, peers), port)  # a re-dial from a random port: replaces path 0
+    conn.accept(connect_from(port, peers), port)  # a re-dial from a random port: for path 0, once it is free
+    assert conn.paths[0].peer_port == port0 and len(conn.waiting) == 1
+    peers[0].close()  # 6.1 dropped the old connection (FIN)
+    assert poll_path(conn.paths[0], lambda: conn.paths[0].peer_port == port)
     sock = conn.paths[0].sock
     assert sock is not None and sock.getpeername()[1] == port
 

@@ -15,14 +15,20 @@ Path pairing and reconnects follow :mod:`pyrds.userspace.proto.pathset`: when th
 closes all of them gracefully and, once every path is down, re-dials 0, 1, ... in order (a 6.1 acceptor gives
 a connection the first free path) from source ports with ``port % 8 == index``; the acceptor pairs
 connections by ``port % npaths`` once the peer's probe/pong carried SPORT_IDX (7.x rule), before that a pyrds
-dialer's by the index tag in the source port (a re-dialled path replaces its stale connection) and others by
-the first free path.
+dialer's by the index tag in the source port and others by the first free path. A connection whose path still
+has one never replaces it (no kernel does): it waits, unread, until that path is down (docs/userspace.md,
+"Who may replace a path").
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import socket
+import struct
 import time
+from collections import deque
 from collections.abc import Callable
 
 from pyrds.addr import IPAddress
@@ -35,10 +41,31 @@ from pyrds.userspace.transports.tcp.path import TcpPath
 
 __all__ = ["Stopped", "TcpConn"]
 
+log = logging.getLogger("pyrds.userspace.tcp")
+
 #: tells a connection whether its transport was closed
 Stopped = Callable[[], bool]
 
 SETTLE_DELAY = 0.05  # after a teardown, before re-dialling path 0: the peer's paths go DOWN after their FIN
+#: incoming connections held (unread) for paths that are still busy; more are refused (a full backlog)
+MAX_WAITING = RDS_MPATH_WORKERS
+#: a waiting connection is judged this long after it arrived (the busy path's keepalive probe has been
+#: answered by then): refused if the path's own connection proved alive
+PROOF_DELAY = 2.0
+TCP_ESTABLISHED = 1
+#: struct tcp_info up to tcpi_last_ack_recv: tcpi_state, tcpi_probes, tcpi_last_data_recv, tcpi_last_ack_recv
+_TCP_INFO = struct.Struct("=B2xB48xII")
+
+
+@dataclasses.dataclass(eq=False)
+class Waiting:
+    """An accepted connection waiting (unread) for its path to be free."""
+
+    sock: socket.socket
+    peer_port: int
+    index: int  # the path it waits for
+    gen: int  # that path's connection generation when it began to wait for it
+    since: float  # monotonic time of that
 
 
 class TcpConn:
@@ -61,6 +88,8 @@ class TcpConn:
         self.redial_backoff = False  # a path was lost: the next dial of path 0 waits
         self.max_paths = RDS_MPATH_WORKERS  # 1 once a dialer that cannot pair paths (6.1) connected
         self.paths: list[TcpPath] = [TcpPath(self, 0)]
+        #: acceptor: connections for a path that was busy when they arrived, with their peer ports
+        self.waiting: deque[Waiting] = deque()
 
     @property
     def closed(self) -> bool:
@@ -132,6 +161,8 @@ class TcpConn:
             and p0.peer_port % new != 0
         ):
             p0.begin_close()
+        if not self.owner:
+            self.admit_waiting()
         self.advance()
 
     def peer_restarted(self, path: TcpPath) -> None:
@@ -160,8 +191,12 @@ class TcpConn:
         self.advance()
 
     def path_down(self, path: TcpPath) -> None:
-        """Owner: a path is gone, so close every other path too and re-dial all of them in order."""
-        if not self.owner or self.closed:
+        """Owner: a path is gone, so close every other path too and re-dial all of them in order. Acceptor: a
+        connection waiting for this path may take it now."""
+        if self.closed:
+            return
+        if not self.owner:
+            self.admit_waiting()
             return
         self.redial_backoff = True
         for p in self.paths:
@@ -171,36 +206,127 @@ class TcpConn:
 
     def accept(self, s: socket.socket, peer_port: int) -> None:
         """An incoming connection for this (laddr, faddr) on the non-owner side (:func:`accept_path`): by
-        ``peer_port % npaths`` once the peer speaks SPORT_IDX, else by the 6.1-compatible rules."""
+        ``peer_port % npaths`` once the peer speaks SPORT_IDX, else by the 6.1-compatible rules.
+
+        Like every kernel (``rds_tcp_accept_one_path`` only takes a path in RDS_CONN_DOWN), a connection
+        never replaces a path that still has one: it waits, unread, until that path is down (7.x stashes it
+        the same way), so nothing the peer's TCP saw acked on it is lost, while a stray or forged connection
+        from the peer's host cannot take a live path over. The busy path's keepalive probe is made at once
+        (:func:`_probe_liveness`): a connection the peer lost is reset and frees the path. If instead the
+        peer's TCP shows the old connection alive after the newcomer arrived (:func:`_alive`) while the
+        pairing was known (handshake done), the peer's stack did not re-dial that path (every RDS/TCP dialer
+        closes a path's connection before dialling it again): the newcomer is refused, as 6.1 refuses
+        it at once (``tcp_accept_refused_live``)."""
+        choice = self._choose(peer_port, learn=True)
+        if choice is None:
+            self.host.counters["tcp_connect_raced"] += 1
+            s.close()
+            return
+        index, busy = choice
+        if not busy:
+            self.paths[index].established(s)
+            return
+        if len(self.waiting) >= MAX_WAITING:
+            self.host.counters["tcp_connect_raced"] += 1
+            s.close()
+            return
+        self.host.counters["tcp_accept_deferred"] += 1
+        path = self.paths[index]
+        entry = Waiting(s, peer_port, index, path.gen, time.monotonic())
+        self.waiting.append(entry)
+        _probe_liveness(path)
+        if self.npaths > 0:
+            self.loop.call_later(PROOF_DELAY, lambda: self._judge(entry))
+
+    def _judge(self, entry: Waiting) -> None:
+        """``entry`` has waited PROOF_DELAY for a path that is still busy: refuse it if the path's own
+        connection proved alive since it arrived; ask again later if that is not clear yet."""
+        if entry not in self.waiting or self.closed:
+            return
+        choice = self._choose(entry.peer_port, learn=False)
+        if choice is not None and not choice[1]:
+            self.admit_waiting()  # its path is free now
+            return
+        index = entry.index if choice is None else choice[0]
+        path = self.paths[index]
+        if path.sock is None:
+            return
+        if (index, path.gen) != (entry.index, entry.gen):  # another connection has the path: judge that one
+            entry.index, entry.gen, entry.since = index, path.gen, time.monotonic()
+            _probe_liveness(path)
+        elif not path.closing and _alive(path.sock, time.monotonic() - entry.since):
+            self.waiting.remove(entry)
+            self.host.counters["tcp_accept_refused_live"] += 1
+            log.info(
+                "RDS/TCP %s -> %s path %d: refused a connection from port %d, the path's own is alive",
+                self.faddr,
+                self.laddr,
+                entry.index,
+                entry.peer_port,
+            )
+            entry.sock.close()
+            return
+        self.loop.call_later(PROOF_DELAY, lambda: self._judge(entry))
+
+    def _choose(self, peer_port: int, learn: bool) -> tuple[int, bool] | None:
+        """:func:`accept_path` for a connection from ``peer_port``: (path, that path is busy) or None.
+        ``learn``: a new arrival, which may reveal a 6.1 dialer (a waiting one is only judged again)."""
         if self.with_sport_idx:
             usable = self.paths[: max(1, self.npaths)]
-            choice = accept_path(peer_port, [p.sock is not None for p in usable], sport_idx=True)
-            assert choice is not None
-            index, replace = choice
-            if replace:
-                usable[index].take_over(s)
-            else:
-                usable[index].established(s)
-            return
+            return accept_path(peer_port, [p.sock is not None for p in usable], sport_idx=True)
         tagged = pyrds_dialer_port(peer_port, self.npaths, peer_is_61=self.max_paths == 1)
-        if tagged is None and self.npaths <= 1 and self.max_paths > 1:
+        if learn and tagged is None and self.npaths <= 1 and self.max_paths > 1:
             # A 6.1 dialer re-dials its paths in parallel from random ports: nothing tells them apart, so
             # a reset would cross their sequence spaces. Answer its probes with NPATHS=1: one path.
             self.max_paths = 1
             for p in self.paths:
                 p.engine.advertise_npaths = 1
         usable = self.paths[: max(1, self.npaths)]
-        choice = accept_path(tagged, [p.sock is not None for p in usable])
-        if choice is None:
-            self.host.counters["tcp_connect_raced"] += 1
-            s.close()
-            return
-        index, replace = choice
-        if replace:
-            usable[index].take_over(s)
-        else:
-            usable[index].established(s)
+        return accept_path(tagged, [p.sock is not None for p in usable])
+
+    def admit_waiting(self) -> None:
+        """A path went down or the handshake changed the pairing (7.x ``rds_tcp_conn_slots_available``):
+        connections waiting for a free path get it, oldest first."""
+        placed = True
+        while placed and self.waiting and not self.closed:
+            placed = False
+            for i, entry in enumerate(self.waiting):
+                choice = self._choose(entry.peer_port, learn=False)
+                if choice is None or choice[1]:
+                    continue
+                del self.waiting[i]
+                self.paths[choice[0]].established(entry.sock)
+                placed = True
+                break
 
     def close(self) -> None:
         for p in self.paths:
             p.close()
+        while self.waiting:
+            self.waiting.popleft().sock.close()
+
+
+def _probe_liveness(path: TcpPath) -> None:
+    """A connection waits for ``path``: make its keepalive probe now if it has received nothing for a
+    second (TCP_KEEPIDLE 1 restarts the keepalive timer). A peer that lost the connection (a restart, a
+    lost RST) answers with a reset, the path goes down and the waiting connection gets it; a live one acks
+    and keeps the path. Invisible to RDS; the next connection of the path is tuned afresh."""
+    if path.sock is None or path.closing:
+        return
+    with contextlib.suppress(OSError):
+        path.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
+
+
+
+def _alive(s: socket.socket, window: float) -> bool:
+    """The peer's TCP still holds ``s`` open: no FIN from it (ESTABLISHED), no keepalive probe unanswered,
+    and an ack or data from it within the last ``window`` seconds."""
+    try:
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
+    except OSError:
+        return False
+    if len(info) < _TCP_INFO.size:
+        return False
+    state, probes, last_data_recv, last_ack_recv = (int(v) for v in _TCP_INFO.unpack(info))
+    heard_ms = min(last_data_recv, last_ack_recv)
+    return state == TCP_ESTABLISHED and probes == 0 and heard_ms < window * 1000

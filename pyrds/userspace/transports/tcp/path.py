@@ -258,15 +258,6 @@ class TcpPath:
         self.flush()
         self.conn.path_confirmed(self)
 
-    def take_over(self, s: socket.socket) -> None:
-        """Acceptor: the owner re-dialled this path, so its old connection is dead; deliver what it still
-        holds, drop it and use ``s``."""
-        if self.sock is not None:
-            self._drain_nonblocking()
-            if self.sock is not None:
-                self.lost()
-        self.established(s)
-
     def begin_close(self) -> None:
         """Graceful close: stop sending, FIN, keep reading until the peer's FIN (then :meth:`lost`)."""
         s = self.sock
