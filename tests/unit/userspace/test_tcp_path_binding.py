@@ -88,8 +88,19 @@ def kill_service(node: Any) -> None:
         with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
             if b"pyrds.userspace.service" in f.read():
                 os.kill(pid, signal.SIGKILL)
-                return
-    raise AssertionError(f"no stack service in {node.netns}")
+                break
+    else:
+        raise AssertionError(f"no stack service in {node.netns}")
+    deadline = time.monotonic() + 10  # gone (or a zombie): its name is free for the next service
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except OSError:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"stack service {pid} still running")
 
 
 def test_forged_path_connections_are_not_delivered_and_reconnects_still_work(nodes: Any) -> None:
@@ -120,8 +131,15 @@ def test_forged_path_connections_are_not_delivered_and_reconnects_still_work(nod
         a.sendto(b"after-reset-%d" % n, b_addr)
         expect(b, b"after-reset-%d" % n)
     kill_service(nodes.a)
-    a2 = nodes.a.socket()
-    a2.bind((nodes.a.addr4, 0))
+    for attempt in range(50):  # the agent's next socket starts a new service
+        try:
+            a2 = nodes.a.socket()
+            a2.bind((nodes.a.addr4, 0))
+            break
+        except OSError:
+            if attempt == 49:
+                raise
+            time.sleep(0.1)
     a2.sendto(b"after-restart", b_addr)
     expect(b, b"after-restart")
     nothing_more(b)
