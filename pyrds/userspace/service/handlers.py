@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyrds.addr import IPAddress
+from pyrds.constants import SO_RCVBUFFORCE, SO_SNDBUFFORCE
 from pyrds.userspace import rpc
 from pyrds.userspace.config import PeerCred
 from pyrds.userspace.service.readiness import Readiness
-from pyrds.userspace.service.trust import may_administer
+from pyrds.userspace.service.trust import has_cap_net_admin, may_administer
 from pyrds.userspace.stack import info_tables, sockopts
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.errors import StackError
@@ -129,7 +131,10 @@ def _getpeername(req: Request, _args: Any) -> tuple[str, int, int]:
 
 def _setsockopt(req: Request, args: Any) -> None:
     level, name, value = args
-    sockopts.setsockopt(req.stack, req.sock, level, name, value)
+    net_admin = True  # only the FORCE options ask, and then CAP_NET_ADMIN itself, as the kernel does
+    if level == socket.SOL_SOCKET and name in (SO_SNDBUFFORCE, SO_RCVBUFFORCE) and req.peer is not None:
+        net_admin = has_cap_net_admin(req.peer)
+    sockopts.setsockopt(req.stack, req.sock, level, name, value, net_admin)
 
 
 def _getsockopt(req: Request, args: Any) -> Any:

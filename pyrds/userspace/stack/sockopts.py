@@ -62,10 +62,16 @@ def _sockaddr(value: int | bytes) -> tuple[ipaddress.IPv4Address | ipaddress.IPv
     return ipaddress.IPv6Address(value[8:24]), port
 
 
-def setsockopt(stack: Stack, rs: SockState, level: int, optname: int, value: int | bytes) -> None:
+def setsockopt(
+    stack: Stack, rs: SockState, level: int, optname: int, value: int | bytes, net_admin: bool = True
+) -> None:
+    """``net_admin``: the caller holds CAP_NET_ADMIN; without it SO_SNDBUFFORCE/SO_RCVBUFFORCE are EPERM
+    (sock_setsockopt: ``sockopt_capable(CAP_NET_ADMIN)``, after reading the int value)."""
     cfg = stack.config
     if level == socket.SOL_SOCKET:
         val = _int(value)
+        if optname in (SO_SNDBUFFORCE, SO_RCVBUFFORCE) and not net_admin:
+            raise StackError(errno.EPERM)
         if optname in (socket.SO_SNDBUF, SO_SNDBUFFORCE):
             if optname == socket.SO_SNDBUF:
                 val = min(val & 0xFFFFFFFF, cfg.wmem_max)

@@ -397,3 +397,46 @@ def test_cap_net_admin_may_write_a_user_namespace_root_may_not(user: pwd.struct_
     caps = ["setpriv", *ids, "--inh-caps", "+net_admin", "--ambient-caps", "+net_admin"]
     assert _run_as(user, CAP_WRITE, prefix=caps) == {"server_uid": 0, "errno": 0}
     assert control.sysctl_get()["reconnect_max_delay_ms"] == 777
+
+
+# SO_SNDBUFFORCE / SO_RCVBUFFORCE on a userspace RDS socket and on a kernel TCP socket, as the same process
+FORCE_BUF = """
+import json, socket
+import pyrds
+from pyrds.constants import SO_RCVBUFFORCE, SO_SNDBUFFORCE
+from pyrds.userspace.client.autostart import connect_stack
+from pyrds.userspace.config import peer_cred
+def code(s, name, value):
+    try:
+        s.setsockopt(socket.SOL_SOCKET, name, value); return 0
+    except OSError as exc:
+        return exc.errno
+rds = pyrds.socket("userspace")
+tcp = socket.socket()
+out = {"server_uid": peer_cred(connect_stack()).uid}
+for key, name in (("snd", SO_SNDBUFFORCE), ("rcv", SO_RCVBUFFORCE)):
+    out[key] = code(rds, name, 1 << 22)
+    out[key + "_kernel"] = code(tcp, name, 1 << 22)
+    out[key + "_short"] = code(rds, name, b"\\0")  # the value is read first: EINVAL before EPERM
+out["plain"] = code(rds, socket.SO_SNDBUF, 1 << 16)
+out["sndbuf"] = rds.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+print(json.dumps(out))
+"""
+
+
+def test_buffer_force_options_need_cap_net_admin(user: pwd.struct_passwd, reap: None) -> None:
+    """sock_setsockopt: SO_SNDBUFFORCE/SO_RCVBUFFORCE are EPERM without CAP_NET_ADMIN (checked after the
+    int is read); the stack asks the same of its client, whatever its uid, and lets it through with it."""
+    control.sysctl_get()  # starts root's shared stack
+    out = _run_as(user, FORCE_BUF)
+    assert out["server_uid"] == 0
+    assert out["snd_kernel"] == out["rcv_kernel"] == errno.EPERM  # what the kernel says to this user ...
+    assert out["snd"] == out["rcv"] == errno.EPERM  # ... the stack says too
+    assert out["snd_short"] == out["rcv_short"] == errno.EINVAL
+    assert out["plain"] == 0 and out["sndbuf"] == 2 * (1 << 16)
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux) to give a non-root process CAP_NET_ADMIN")
+    ids = ["--reuid", str(user.pw_uid), "--regid", str(user.pw_gid), "--clear-groups"]
+    caps = ["setpriv", *ids, "--inh-caps", "+net_admin", "--ambient-caps", "+net_admin"]
+    out = _run_as(user, FORCE_BUF, prefix=caps)
+    assert out["snd_kernel"] == out["rcv_kernel"] == out["snd"] == out["rcv"] == 0
