@@ -317,7 +317,6 @@ def _probe_liveness(path: TcpPath) -> None:
         path.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
 
 
-
 def _alive(s: socket.socket, window: float) -> bool:
     """The peer's TCP still holds ``s`` open: no FIN from it (ESTABLISHED), no keepalive probe unanswered,
     and an ack or data from it within the last ``window`` seconds."""
