@@ -33,7 +33,7 @@ from pyrds.userspace.proto.path import PathEngine, PathState
 from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, Lane
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
 from pyrds.userspace.stack.transport import EventLoop, StackHost
-from pyrds.userspace.transports.tcp.sockopt import bind_path_port, tune, unacked_bytes, unread_bytes
+from pyrds.userspace.transports.tcp.sockopt import ack_now, bind_path_port, tune, unacked_bytes, unread_bytes
 
 __all__ = ["PathOwner", "R", "TcpPath", "W"]
 
@@ -294,7 +294,10 @@ class TcpPath:
                 data = self.sock.recv(WRITE_CHUNK, socket.MSG_DONTWAIT)
             except OSError:
                 return
-            if not data or not self._feed(data):
+            if not data:
+                return
+            ack_now(self.sock)
+            if not self._feed(data):
                 return
             self._hold_for_full()
 
@@ -434,6 +437,7 @@ class TcpPath:
         if not data:
             self.lost()
             return
+        ack_now(s)  # before anything read here can reach a reader (docs/userspace.md, "Restart")
         if self._feed(data):
             self._hold_for_full()
             if not self.confirmed:

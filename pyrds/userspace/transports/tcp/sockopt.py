@@ -11,7 +11,7 @@ import termios
 
 from pyrds.userspace.proto.pathset import dial_port, sport_idx_ports
 
-__all__ = ["bind_path_port", "local_port_range", "tune", "unacked_bytes"]
+__all__ = ["ack_now", "bind_path_port", "local_port_range", "tune", "unacked_bytes"]
 
 _OUTQ = struct.Struct("i")
 
@@ -27,6 +27,18 @@ def tune(s: socket.socket, sndbuf: int = 0, rcvbuf: int = 0) -> None:
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 5)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 5)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
+
+
+def ack_now(s: socket.socket) -> None:
+    """TCP_QUICKACK: send a delayed ACK now (``__tcp_sock_set_quickack`` pushes one that is pending once the
+    receive queue is empty). Called after every read, so the peer learns that the bytes we are about to
+    deliver arrived before a reader can see them: were this process killed with the ACK still delayed, the
+    peer would resend them to our next incarnation, which would deliver them a second time (a RST, which
+    SIGKILL sends for a socket with unread bytes, acknowledges nothing)."""
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+    except OSError:
+        pass
 
 
 def unacked_bytes(s: socket.socket) -> int | None:
