@@ -161,8 +161,9 @@ def kill_receiver_side(ns_a: str, ns_b: str, tmp: Path) -> dict[str, int]:
     b_pid = _wait_file(tmp / "rx1.json.pid", 60, rx1)
     tx = _spawn(ns_a, tmp, "A", "send", A, SPORT, NSOCK, B, DPORT, COUNT, 1, tmp / "tx.json")
     _wait_progress(tmp / "rx1.json.progress", KILL_AT, 60)
-    # B "reboots" behind a closed port, so its new receiver is bound before A's retransmissions arrive
-    # (a message for a port nobody has bound yet is dropped, recv_drop_no_sock, as by a kernel)
+    # B "reboots" behind a closed port, so its new receiver is bound before A's retransmissions arrive (a
+    # message for a port nobody has bound yet is dropped, recv_drop_no_sock, as by a kernel). Without the gate
+    # 5 rounds passed too (A's re-dial backoff let the reader bind first), but nothing guarantees that order.
     _gate(ns_b, tmp, closed=True)
     _kill_and_wait(b_pid)
     old = _wait_file(tmp / "rx1.json", 30, rx1)
