@@ -28,7 +28,7 @@ from pyrds.userspace.proto import (
     PongReceived,
     RDSHeader,
 )
-from pyrds.userspace.proto.pathset import PORT_TAG, is_tagged
+from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, PORT_TAG, dial_port, is_tagged
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.counters import info_counters
 from pyrds.userspace.stack.errors import StackError
@@ -486,3 +486,35 @@ def test_a_local_map_change_goes_out_on_every_live_path(peers: list[socket.socke
         frames = read_frames(dialer, 1)
         assert [h.flags for h in frames] == [1], (index, frames)
         assert frames[0].length == RDS_CONG_MAP_BYTES
+
+
+def tagged_port(index: int) -> int:
+    """A pyrds dialer's source port for path ``index`` (:func:`dial_port`), free on 127.0.0.1."""
+    while True:
+        port = dial_port(random.getrandbits(16), index)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+
+
+def test_path_1_accepted_before_path_0_was_read_waits_for_the_probe(peers: list[socket.socket]) -> None:
+    """A restarted acceptor, slow to serve its listener, finds the owner's path 1 connection ready while the
+    probe (NPATHS, SPORT_IDX) the owner wrote on path 0 before dialling it is still unread: path 0 is read
+    first, so path 1 pairs by its port. Before, path 1 looked like a 6.1 dialer's re-dial (a tag other than
+    0 is not believed before a handshake): it replaced path 0 and limited the connection to one path."""
+    conn, _svc, _stack = make_conn(owner=False)
+    port0 = tagged_port(0)
+    conn.accept(connect_from(port0, peers), port0)
+    owner = PathEngine(SMALL, LARGE, 0)
+    owner.connection_made(0.0)
+    owner.send_probe()
+    peers[0].sendall(OWNER_PREAMBLE + owner.bytes_to_send())
+    time.sleep(0.05)  # arrived, not read: no _on_io for path 0 yet
+    port1 = tagged_port(1)
+    conn.accept(connect_from(port1, peers), port1)
+    assert conn.max_paths > 1 and conn.npaths == 8 and conn.with_sport_idx
+    assert conn.paths[0].peer_port == port0
+    assert conn.paths[1].peer_port == port1

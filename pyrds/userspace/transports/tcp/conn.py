@@ -216,7 +216,15 @@ class TcpConn:
         peer's TCP shows the old connection alive after the newcomer arrived (:func:`_alive`) while the
         pairing was known (handshake done), the peer's stack did not re-dial that path (every RDS/TCP dialer
         closes a path's connection before dialling it again): the newcomer is refused, as 6.1 refuses
-        it at once (``tcp_accept_refused_live``)."""
+        it at once (``tcp_accept_refused_live``).
+
+        Before any handshake, path 0 first reads what it already received: a pyrds or 7.x owner writes its
+        probe on path 0 before it dials path 1, but a service that was slow to accept path 0 (one that had
+        just started, after a restart) can find both ready at once; pairing path 1 first would take it for a
+        6.1 dialer's (one path, NPATHS=1 answered) and the owner would tear everything down and re-dial."""
+        p0 = self.paths[0]
+        if not self.with_sport_idx and self.npaths == 0 and p0.sock is not None and not p0.closing:
+            p0.read_pending()
         choice = self._choose(peer_port, learn=True)
         if choice is None:
             self.host.counters["tcp_connect_raced"] += 1
