@@ -43,7 +43,7 @@ NSOCK = 16
 COUNT = 20_000
 AFTER = 2_000  # sent by a new sender after A's service was killed
 KILL_AT = 4_000  # B has received this many when the service is killed
-LOST_BOUND = 4_000
+LOST_BOUND = 10_000  # see the assertion: structural, grows with how far B's reader lags (host load)
 ROOT = str(Path(__file__).resolve().parents[3])
 ROUNDS = int(os.environ.get("PYRDS_RESTART_ROUNDS", "5"))
 
@@ -191,7 +191,10 @@ def kill_receiver_side(ns_a: str, ns_b: str, tmp: Path) -> dict[str, int]:
         lost += first - k
     # What died with B: messages its TCP had acked (A freed them) that no reader had taken yet, in B's receive
     # queue (B's port congests at rcvbuf/2 = 1,664 such messages) or unread in its TCP sockets, plus what A
-    # sent before it saw the congestion map. Seen: 0 to 1,527.
+    # sent before it saw the congestion map. How many depends on how far B's reader lagged when the service
+    # died (a kernel that crashes loses the same): seen 0 to 1,527 on an idle host, 4,674 once with another
+    # namespace test and a QEMU guest beside it (which failed the first bound, 4,000). The bound only says the
+    # transfer went on after the kill; loss after the restart would break the contiguity checks above.
     assert lost < LOST_BOUND, f"{lost} messages lost with B's service"
     paths = _wait_paths(ns_a, 8)
     assert paths == 8, f"{paths} RDS/TCP paths after the restart"
