@@ -23,7 +23,6 @@ _STUCK = 16384  # bytes parked in A (B's window is closed): tcp_poll's writabili
 _BIG_SNDBUF = 1 << 20  # capped by net.core.wmem_max; far above the parked bytes
 _TIMEOUT = 2.0
 
-_listener: socket.socket | None = None
 _tcp_broken = False
 
 
@@ -35,29 +34,27 @@ def _poll(sock: socket.socket, events: int, timeout_ms: int) -> int:
 
 
 def _tcp_pair() -> tuple[socket.socket, socket.socket]:
-    """A (client side, blocking mode, writable) and B (service side, non-blocking); OSError if unusable."""
-    global _listener
-    if _listener is None:
-        lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            lst.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # accepted sockets: a tiny receive window
-            lst.bind(("127.0.0.1", 0))
-            lst.listen(64)
-            lst.settimeout(_TIMEOUT)
-        except OSError:
-            lst.close()
-            raise
-        _listener = lst
+    """A (client side, blocking mode, writable) and B (service side, non-blocking); OSError if unusable.
+
+    The listener is made for this one pair and closed at once: a long-lived one was a port any local user
+    could flood (2026-11-23: connections queued in its backlog made every later pair time out, the service
+    stalled 2 s per socket and fell back to AF_UNIX for good, whose poll mask has POLLWRBAND). Connections
+    from anyone else that reach it in between are closed unread."""
+    lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     a = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     b: socket.socket | None = None
     try:
+        lst.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # accepted sockets: a tiny receive window
+        lst.bind(("127.0.0.1", 0))
+        lst.listen(8)
+        lst.settimeout(_TIMEOUT)
         a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BIG_SNDBUF)
         a.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         a.settimeout(_TIMEOUT)
-        a.connect(_listener.getsockname())
+        a.connect(lst.getsockname())
         me = a.getsockname()
         while b is None:
-            conn, peer = _listener.accept()
+            conn, peer = lst.accept()
             if peer == me:
                 b = conn
             else:
@@ -80,6 +77,8 @@ def _tcp_pair() -> tuple[socket.socket, socket.socket]:
         if b is not None:
             b.close()
         raise
+    finally:
+        lst.close()
     return a, b
 
 
