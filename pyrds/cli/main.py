@@ -1,7 +1,8 @@
 """``pyrds`` command: subcommand dispatch and the one place where errors become exit codes.
 
-Exit codes: 0 success, 1 the operation failed (no reply, run error, OS error), 2 usage error. A usage error
-is one line on stderr naming the subcommand (``pyrds info: unrecognized arguments: -x``), not a usage dump.
+Exit codes: 0 success, 1 the operation failed (no reply, run error, OS error), 2 usage error, 3 no stack
+service running (``pyrds stack status|stop``). A usage error is one line on stderr naming the subcommand
+(``pyrds info: unrecognized arguments: -x``), not a usage dump.
 Also run as ``python -m pyrds``.
 """
 
@@ -12,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, cast
 
-from pyrds.cli import info, ping, stress
+from pyrds.cli import info, ping, stack, stress
 from pyrds.cli.common import UserError, describe_oserror
 
 
@@ -44,12 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     # the subcommands' parsers are OneLineParsers too (add_subparsers uses the parent's class)
     sub = cast(
         "argparse._SubParsersAction[argparse.ArgumentParser]",
-        parser.add_subparsers(dest="command", metavar="{ping,info,stress}"),
+        parser.add_subparsers(dest="command", metavar="{ping,info,stress,stack}"),
     )
     sub.required = True
     ping.add_parser(sub)
     info.add_parser(sub)
     stress.add_parser(sub)
+    stack.add_parser(sub)
     return parser
 
 

@@ -61,6 +61,8 @@ class Op(enum.IntEnum):
     SYSCTL_GET = 13
     SYSCTL_SET = 14
     DEBUG = 15
+    STATUS = 16
+    STOP = 17
 
 
 #: reply code: a blocking sender must wait for the destination port to uncongest (not an errno)

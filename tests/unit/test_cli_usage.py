@@ -62,7 +62,7 @@ def test_cli_does_not_look_up_the_version_unless_asked() -> None:
 
 def test_python_m_pyrds_runs_the_cli() -> None:
     proc = subprocess.run([*PYRDS_M, "--help"], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=60)
-    assert proc.returncode == 0 and "{ping,info,stress}" in proc.stdout
+    assert proc.returncode == 0 and "{ping,info,stress,stack}" in proc.stdout
     proc = subprocess.run(
         [*PYRDS_M, "info", "-h"], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=60
     )
@@ -81,7 +81,7 @@ def test_python_m_pyrds_runs_the_cli() -> None:
         (["stress", "-d", "0"], "pyrds stress: argument -d/--depth: must be >= 1"),
         (["ping", "-c", "x", "127.0.0.1"], "pyrds ping: argument -c"),
         (["ping"], "pyrds ping: the following arguments are required"),
-        (["bogus"], "pyrds: argument {ping,info,stress}: invalid choice: 'bogus'"),
+        (["bogus"], "pyrds: argument {ping,info,stress,stack}: invalid choice: 'bogus'"),
         ([], "pyrds: the following arguments are required"),
     ],
 )

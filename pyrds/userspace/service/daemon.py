@@ -12,6 +12,12 @@ other processes of the same uid.
 so the starting client reaps it right away and the service is nobody's child (never a zombie in the client
 when it exits); with ``start_new_session`` for the first child this is the classic double fork. Without it
 the service stays in the foreground (systemd, tests).
+
+``--no-idle-exit`` (what ``pyrds stack start`` and the systemd units pass): serve until stopped, whatever
+``PYRDS_IDLE_EXIT`` says; a stack started on purpose does not go away with its last client. SIGTERM and
+SIGINT stop the service cleanly (connections closed, listener released), as does the STOP control operation
+(``pyrds stack stop``). Under systemd (``$NOTIFY_SOCKET``, Type=notify) the service sends ``READY=1`` once
+its control socket is bound.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
+import socket
 import sys
+from types import FrameType
 
 from pyrds.userspace.config import StackConfig
 from pyrds.userspace.service.server import Service
@@ -59,6 +68,20 @@ def _not_dumpable() -> None:
         log.warning("cannot make the service non-dumpable: %s", exc)
 
 
+def _sd_notify(state: str) -> None:
+    """sd_notify(3) with the stdlib: one datagram to $NOTIFY_SOCKET (a path, or @abstract). Best effort."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path or path[0] not in "/@":
+        return
+    addr = "\0" + path[1:] if path[0] == "@" else path
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect(addr)
+            s.sendall(state.encode())
+    except OSError as exc:
+        log.warning("sd_notify(%s) failed: %s", state, exc)
+
+
 def _owner(argv: list[str]) -> int | None:
     """The uid the service serves alone (a private stack) or None (the shared stack); ValueError: misuse."""
     euid = os.geteuid()
@@ -70,7 +93,8 @@ def _owner(argv: list[str]) -> int | None:
         return euid
     if not argv:
         return None if euid == 0 else euid
-    raise ValueError(f"usage: python -m pyrds.userspace.service [--shared|--private], not {argv}")
+    usage = "python -m pyrds.userspace.service [--shared|--private] [--detach] [--no-idle-exit]"
+    raise ValueError(f"usage: {usage}, not {argv}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     detach = "--detach" in args
     if detach:
         args.remove("--detach")
+    forever = "--no-idle-exit" in args
+    if forever:
+        args.remove("--no-idle-exit")
     try:
         owner = _owner(args)
     except ValueError as exc:
@@ -92,7 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     if detach and os.fork() != 0:
         os._exit(0)  # the starter reaps this parent at once; the service goes on in the child
     _not_dumpable()
-    svc = Service(config=StackConfig(owner=owner))
+    config = StackConfig(owner=owner)
+    if forever:
+        config.idle_exit = -1
+    svc = Service(config=config)
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        svc.stop()  # serve_forever returns within its 0.5 s poll and closes everything
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         svc.bind()
     except OSError as exc:
@@ -103,5 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         svc.start_tcp()
     except (OSError, ImportError) as exc:
         log.warning("RDS/TCP listener unavailable (%s): loop transport only", exc)
+    _sd_notify("READY=1")
     svc.serve_forever()
+    _sd_notify("STOPPING=1")
     return 0

@@ -5,16 +5,18 @@
 A handler gets the :class:`Request` and the operation's arguments and returns the result; it fails by raising
 (:class:`~pyrds.userspace.stack.errors.StackError` for an errno). Every operation but those in
 :data:`WITHOUT_SOCKET` needs the connection's RDS socket (EBADF before OPEN); an unknown operation is EINVAL.
-Stack-wide writes (SYSCTL_SET, which ``control.force_reconnect`` uses too) need privilege
-(:func:`~pyrds.userspace.service.trust.may_administer`): EACCES otherwise, as for an unprivileged write to
-/proc/sys/net/rds.
+Stack-wide writes (SYSCTL_SET, which ``control.force_reconnect`` uses too) and STOP (``pyrds stack stop``)
+need privilege (:func:`~pyrds.userspace.service.trust.may_administer`): EACCES otherwise, as for an
+unprivileged write to /proc/sys/net/rds. STATUS (``pyrds stack status``) is a read, open to every client.
 """
 
 from __future__ import annotations
 
 import errno
 import ipaddress
+import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +45,10 @@ class Request:
     rs: SockState | None
     fds: list[int] = field(default_factory=list)
     peer: PeerCred | None = None
+    #: asks the serving loop to exit (STOP); None: nothing to stop (an embedded stack without a loop)
+    stop: Callable[[], None] | None = None
+    #: the service's own figures for STATUS (client connections, start time), from the server
+    service_status: Callable[[], dict[str, Any]] | None = None
 
     @property
     def sock(self) -> SockState:
@@ -81,6 +87,35 @@ def _sysctl_set(req: Request, args: Any) -> None:
     if name in ("rds_tcp_sndbuf", "rds_tcp_rcvbuf"):
         for transport in req.stack.transports:
             transport.reset()
+
+
+def _status(req: Request, _args: Any) -> dict[str, Any]:
+    """What ``pyrds stack status`` shows: who serves, since when, how idle exit is set, and counts."""
+    stack = req.stack
+    config = stack.config
+    tcp = sum(1 for transport in stack.transports for _ in transport.info_tcp_sockets())
+    status: dict[str, Any] = {
+        "pid": os.getpid(),
+        "uid": os.geteuid(),
+        "owner": config.owner,
+        "name": config.served_name,
+        "idle_exit": config.idle_exit,
+        "tcp_port": config.tcp_port,
+        "rds_sockets": len(stack.socks),
+        "tcp_connections": tcp,
+        "now": time.time(),
+    }
+    if req.service_status is not None:
+        status.update(req.service_status())
+    return status
+
+
+def _stop(req: Request, _args: Any) -> None:
+    if not may_administer(req.peer, req.stack.config.owner):
+        raise StackError(errno.EACCES)
+    if req.stop is None:
+        raise StackError(errno.EOPNOTSUPP)
+    req.stop()
 
 
 def _send(req: Request, args: Any) -> int:
@@ -171,9 +206,11 @@ HANDLERS: dict[rpc.Op, Handler] = {
     rpc.Op.INFO: _info,
     rpc.Op.SET_TOS: _set_tos,
     rpc.Op.GET_TOS: _get_tos,
+    rpc.Op.STATUS: _status,
+    rpc.Op.STOP: _stop,
 }
 #: operations served without an RDS socket (before OPEN, or stack-wide)
-WITHOUT_SOCKET = frozenset({rpc.Op.OPEN, rpc.Op.SYSCTL_GET, rpc.Op.SYSCTL_SET})
+WITHOUT_SOCKET = frozenset({rpc.Op.OPEN, rpc.Op.SYSCTL_GET, rpc.Op.SYSCTL_SET, rpc.Op.STATUS, rpc.Op.STOP})
 
 
 def dispatch(req: Request, op: Any, args: Any) -> Any:

@@ -86,6 +86,7 @@ class Service:
         self._controls: dict[int, _Control] = {}
         self._stop = threading.Event()
         self._idle_since: float | None = time.monotonic()
+        self.started = time.time()
         self._rbuf = memoryview(bytearray(rpc.MAX_PACKET + 1))
         self._spare = SpareFd()  # accept-and-refuse at EMFILE (resources.SpareFd)
         self.stack.attach(loop_transport(self.stack))
@@ -115,6 +116,10 @@ class Service:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _status(self) -> dict[str, float | int]:
+        """STATUS's service figures: start time and client connections (not the one asking)."""
+        return {"started": self.started, "clients": max(0, len(self._controls) - 1)}
 
     def serve_forever(self) -> None:
         while not self._stop.is_set():
@@ -256,7 +261,7 @@ class Service:
             self._fast_recv(ctl, record)
             return
         request = rpc.decode(record)  # ConnectionClosed (malformed): the caller drops this connection only
-        req = Request(self.stack, ctl.rs, peer=ctl.peer)
+        req = Request(self.stack, ctl.rs, peer=ctl.peer, stop=self.stop, service_status=self._status)
         try:
             if not (isinstance(request, tuple) and len(request) == 2 and type(request[0]) is int):
                 raise StackError(errno.EINVAL)  # well-formed values, but not (op, args)
