@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from pyrds.api import os_error
+from pyrds.cli.common import UserError, describe_oserror
 from pyrds.userspace import rpc
 from pyrds.userspace.client.autostart import start_timeout
 from pyrds.userspace.config import peer_cred, private_stack_name, stack_address, stack_name
@@ -172,8 +173,9 @@ def run_stop(args: argparse.Namespace) -> int:
     try:
         _call(name, uid, rpc.Op.STOP)
     except PermissionError as exc:
-        detail = f"not allowed to stop pyrds stack {name!r} (pid {st['pid']})"
-        raise os_error(exc.errno or errno.EACCES, detail) from None
+        who = "root or CAP_NET_ADMIN" if uid == 0 else f"uid {uid}, root or CAP_NET_ADMIN"
+        what = f"pyrds stack {name!r} (pid {st['pid']})"
+        raise UserError(f"not allowed to stop {what}: {describe_oserror(exc)}; only {who}", 1) from None
     deadline = time.monotonic() + STOP_TIMEOUT
     while not _gone(st["pid"]) or _status(name, uid) is not None:
         if time.monotonic() > deadline:
