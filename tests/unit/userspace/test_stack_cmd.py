@@ -160,6 +160,25 @@ def test_unprivileged_stop_of_the_shared_stack_is_refused(ns: str, user: pwd.str
 
 
 @pytest.mark.netns
+def test_a_user_starts_and_stops_a_private_stack(ns: str, user: pwd.struct_passwd) -> None:
+    """No root stack: a non-root uid's start/status/stop act on its private stack, served by itself."""
+    uid = user.pw_uid
+    started = _run(ns, [*CLI, "start"], as_user=user)
+    assert started.returncode == 0, started.stderr
+    assert f"pyrds stack 'pyrds-stack-v3-uid{uid}': running" in started.stdout
+    seen = _run(ns, [*CLI, "status", "--json"], as_user=user)
+    assert seen.returncode == 0, seen.stderr
+    (stack,) = json.loads(seen.stdout)["stacks"]
+    assert stack["uid"] == uid and stack["owner"] == uid and stack["idle_exit"] < 0
+    assert _status(ns)[0] == 3  # root's view: no shared stack (root never uses a private one)
+
+    stopped = _run(ns, [*CLI, "stop"], as_user=user)
+    assert stopped.returncode == 0, stopped.stderr
+    _wait_gone(stack["pid"], 1.0)
+    assert _run(ns, [*CLI, "status"], as_user=user).returncode == 3
+
+
+@pytest.mark.netns
 def test_foreground_service_notifies_systemd_and_stops_on_sigterm(ns: str) -> None:
     """What the units run: the service in the foreground, READY=1 on $NOTIFY_SOCKET once it serves, a clean
     exit 0 on SIGTERM (systemctl stop)."""
