@@ -2,7 +2,8 @@
 
 ``start`` runs the shared stack (root) or this uid's private one (others, or ``--private``) with idle exit
 off (``--no-idle-exit``), detached, and waits until it serves; ``--foreground`` runs it in this process
-instead (systemd). ``status`` asks the running service(s) with the STATUS control operation and exits 3 when
+instead (systemd). A stack already serving is kept (NO_IDLE_EXIT turns off the idle exit of one a client
+started). ``status`` asks the running service(s) with the STATUS control operation and exits 3 when
 none serves, like ``systemctl status``. ``stop`` sends STOP (root, CAP_NET_ADMIN, or a private stack's owner;
 EACCES otherwise) and waits until the service is gone (3: none ran). Nothing here ever autostarts a stack.
 """
@@ -122,6 +123,9 @@ def run_start(args: argparse.Namespace) -> int:
     name, uid, mode = _target(args.private)
     st = _status(name, uid)
     if st is not None:
+        if st["idle_exit"] >= 0:  # started on demand by a client: keep it (privileged, as stop is)
+            _call(name, uid, rpc.Op.NO_IDLE_EXIT)
+            st = _status(name, uid) or st
         print(f"already running: {_describe(st)}")
         return 0
     argv = [sys.executable, "-m", "pyrds.userspace.service", mode, "--no-idle-exit"]

@@ -63,6 +63,7 @@ class Op(enum.IntEnum):
     DEBUG = 15
     STATUS = 16
     STOP = 17
+    NO_IDLE_EXIT = 18
 
 
 #: reply code: a blocking sender must wait for the destination port to uncongest (not an errno)

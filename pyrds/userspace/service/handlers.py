@@ -5,9 +5,10 @@
 A handler gets the :class:`Request` and the operation's arguments and returns the result; it fails by raising
 (:class:`~pyrds.userspace.stack.errors.StackError` for an errno). Every operation but those in
 :data:`WITHOUT_SOCKET` needs the connection's RDS socket (EBADF before OPEN); an unknown operation is EINVAL.
-Stack-wide writes (SYSCTL_SET, which ``control.force_reconnect`` uses too) and STOP (``pyrds stack stop``)
-need privilege (:func:`~pyrds.userspace.service.trust.may_administer`): EACCES otherwise, as for an
-unprivileged write to /proc/sys/net/rds. STATUS (``pyrds stack status``) is a read, open to every client.
+Stack-wide writes (SYSCTL_SET, which ``control.force_reconnect`` uses too), STOP (``pyrds stack stop``) and
+NO_IDLE_EXIT (``pyrds stack start`` finding an autostarted stack) need privilege
+(:func:`~pyrds.userspace.service.trust.may_administer`): EACCES otherwise, as for an unprivileged write to
+/proc/sys/net/rds. STATUS (``pyrds stack status``) is a read, open to every client.
 """
 
 from __future__ import annotations
@@ -118,6 +119,13 @@ def _stop(req: Request, _args: Any) -> None:
     req.stop()
 
 
+def _no_idle_exit(req: Request, _args: Any) -> None:
+    """Keep serving until stopped: ``pyrds stack start`` on a stack a client started (``--no-idle-exit``)."""
+    if not may_administer(req.peer, req.stack.config.owner):
+        raise StackError(errno.EACCES)
+    req.stack.config.idle_exit = -1
+
+
 def _send(req: Request, args: Any) -> int:
     """The generic send. ``payload`` may be an int: the size of a message over RDS_MAX_MSG_SIZE that the
     client did not ship (it could not cross the control connection); it gets the kernel's error for it."""
@@ -208,9 +216,12 @@ HANDLERS: dict[rpc.Op, Handler] = {
     rpc.Op.GET_TOS: _get_tos,
     rpc.Op.STATUS: _status,
     rpc.Op.STOP: _stop,
+    rpc.Op.NO_IDLE_EXIT: _no_idle_exit,
 }
 #: operations served without an RDS socket (before OPEN, or stack-wide)
-WITHOUT_SOCKET = frozenset({rpc.Op.OPEN, rpc.Op.SYSCTL_GET, rpc.Op.SYSCTL_SET, rpc.Op.STATUS, rpc.Op.STOP})
+WITHOUT_SOCKET = frozenset(
+    {rpc.Op.OPEN, rpc.Op.SYSCTL_GET, rpc.Op.SYSCTL_SET, rpc.Op.STATUS, rpc.Op.STOP, rpc.Op.NO_IDLE_EXIT}
+)
 
 
 def dispatch(req: Request, op: Any, args: Any) -> Any:

@@ -36,20 +36,20 @@ CLI = ["-m", "pyrds.cli.main", "stack"]
 IDLE_EXIT = 1.0
 
 
-def _env() -> dict[str, str]:
+def _env(idle_exit: float = IDLE_EXIT) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYRDS_")}
-    env.update(PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1", PYRDS_IDLE_EXIT=str(IDLE_EXIT))
+    env.update(PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1", PYRDS_IDLE_EXIT=str(idle_exit))
     return env
 
 
 def _run(
-    ns: str, args: list[str], as_user: pwd.struct_passwd | None = None
+    ns: str, args: list[str], as_user: pwd.struct_passwd | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python args`` in ``ns`` (as ``as_user`` when given), output in files: a service it starts
     inherits none of them, but files are never waited on anyway."""
     from pyrds.netns import popen_in_netns
 
-    kw: dict[str, Any] = {"env": _env(), "cwd": "/", "text": True}
+    kw: dict[str, Any] = {"env": env or _env(), "cwd": "/", "text": True}
     python = sys.executable
     if as_user is not None:
         python = _python_for(as_user.pw_uid, as_user.pw_gid)
@@ -139,6 +139,25 @@ def test_start_status_stop(ns: str) -> None:
     assert code == 3 and not st["running"]
     again = _run(ns, [*CLI, "stop"])
     assert again.returncode == 3 and "not running" in again.stdout
+
+
+@pytest.mark.netns
+def test_start_keeps_a_stack_a_client_started(ns: str) -> None:
+    """``start`` finding an autostarted stack (idle exit on) turns its idle exit off instead of reporting a
+    stack that is about to go away."""
+    used = _run(ns, ["-c", SOCKET_USER], env=_env(idle_exit=4 * IDLE_EXIT))  # lingers 4 s after its socket
+    assert used.returncode == 0, used.stderr
+    pid = json.loads(used.stdout)["pid"]
+    code, st = _status(ns)
+    assert code == 0 and st["stacks"][0]["pid"] == pid and st["stacks"][0]["idle_exit"] == 4 * IDLE_EXIT
+
+    kept = _run(ns, [*CLI, "start"])
+    assert kept.returncode == 0 and kept.stdout.startswith("already running: "), kept
+    assert f"pid {pid}," in kept.stdout and "idle exit never" in kept.stdout
+    time.sleep(IDLE_EXIT * 6)
+    code, st = _status(ns)
+    assert code == 0 and st["stacks"][0]["pid"] == pid
+    assert _run(ns, [*CLI, "stop"]).returncode == 0
 
 
 @pytest.mark.netns
