@@ -143,6 +143,11 @@ def guest_command(cfg: RunConfig, role: str, results: str, port: int | None) -> 
     argv += ["--name", f"pyrds-{role}", "--cwd", REPO_ROOT, "--rwdir", results, "--overlay-rwdir", REPO_ROOT]
     if cfg.verbose:
         argv.append("--verbose")
+    else:
+        # the guest kernel's console, always kept: a second UART whose output is a file in the results
+        # directory (vng sends its own console, ttyS0, to /dev/null unless --verbose). Warnings and worse
+        # only (loglevel 5: oopses, WARNs, panics, the OOM killer), so a quiet kernel costs nothing.
+        argv += ["--append", f"console={CONSOLE_TTY}", "--append", f"loglevel={CONSOLE_LOGLEVEL}"]
     inner = [GUEST_SYSTEM_PYTHON, GUEST_SCRIPT, "--results", results, "--role", role, "--repo", REPO_ROOT]
     if cfg.venv_bin:
         inner += ["--venv-bin", cfg.venv_bin]
@@ -151,6 +156,9 @@ def guest_command(cfg: RunConfig, role: str, results: str, port: int | None) -> 
     if cfg.modules is not None:
         inner += ["--modules", cfg.modules]
     qemu_opts: list[str] = []
+    if not cfg.verbose:
+        log = os.path.join(results, role, CONSOLE_LOG)
+        qemu_opts.append(f"-chardev file,id=pyrdsconsole,path={log} -device virtconsole,chardev=pyrdsconsole")
     for n, tree in enumerate(cached_trees(cfg)):
         export = f"local,path={tree},mount_tag={CACHE_TAG}{n},security_model=none,readonly=on"
         qemu_opts.append(f"-virtfs {export}")
@@ -233,6 +241,29 @@ def _read_rc(path: str) -> int | None:
     except (OSError, ValueError):
         return None
     return 128 - rc if rc < 0 else rc  # killed by signal N -> 128+N, like a shell
+
+
+#: the guest kernel console (see :func:`guest_command`): its file in each guest's results directory, the
+#: UART it is written to, and the console loglevel (messages below it are printed)
+CONSOLE_LOG = "console.log"
+CONSOLE_TTY = "hvc0"
+CONSOLE_LOGLEVEL = 5
+#: lines of the guest console printed when a guest ends without an exit status
+CONSOLE_TAIL_LINES = 60
+
+
+def console_tail(path: str, lines: int = CONSOLE_TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of a guest console log, decoded leniently; [] when there is none."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 256 * 1024))
+            data = fh.read()
+    except OSError:
+        return []
+    text = data.decode(errors="replace").replace("\r", "")
+    return [line for line in text.split("\n") if line.strip()][-lines:]
 
 
 #: boots that die before CMD starts (nothing ran in the guest) are tried again this many times
@@ -324,6 +355,14 @@ def _run_once(cfg: RunConfig) -> RunResult:
     elif rc is None:
         vng_rc = guests["a"].proc.returncode if "a" in guests else None
         messages.append(f"guest A reported no exit status (boot failure or panic?); vng exited {vng_rc}")
+        tail = console_tail(os.path.join(results, "a", CONSOLE_LOG))
+        if tail:
+            messages.append(
+                f"guest A's kernel console, last {len(tail)} lines (all of it: {CONSOLE_LOG} in the results):\n"
+                + "\n".join("    " + line for line in tail)
+            )
+        else:
+            messages.append("guest A's kernel console printed nothing at loglevel < 5 (no oops, panic or OOM kill)")
         rc = 125
     if cfg.junit:
         src = os.path.join(results, "a", "junit.xml")
