@@ -13,7 +13,17 @@ from pyrds.testing.kernelinfo import short_alias
 from vm import accel as accel_mod
 from vm import catalog, guestpy
 from vm.kernel import GuestKernel, KernelNotFound, find_kernel
-from vm.runner import HarnessError, RunConfig, RunResult, cached_trees, run
+from vm.runner import (
+    CONSOLE_LOG,
+    GUEST_DEATHS,
+    HarnessError,
+    RunConfig,
+    RunResult,
+    cached_trees,
+    died_mid_command,
+    guest_death,
+    run,
+)
 
 _FETCHED = tuple(k.alias for k in catalog.MATRIX if not k.host_package)
 
@@ -79,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--out", required=True, metavar="DIR", help="guest A's results directory per kernel: DIR/<alias>"
+    )
+    m.add_argument(
+        "--reboots",
+        type=int,
+        default=1,
+        metavar="N",
+        help="boot a kernel again (at most N times, default 1) when its guest died mid-CMD with no exit "
+        "status; each death is recorded in OUT/<alias>/guest-deaths.json with the kernel console",
     )
     m.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD...")
 
@@ -151,9 +169,26 @@ def _matrix(args: argparse.Namespace) -> int:
     for label, kernel in kernels:
         alias = short_alias(kernel.release) if label not in catalog.ALIASES else label
         out = os.path.join(args.out, alias)
-        shutil.rmtree(out, ignore_errors=True)
-        res = run(_config(args, kernel, out))
-        _report(res, args.keep_results, f"[{alias}]")
+        deaths: list[dict[str, object]] = []
+        while True:
+            shutil.rmtree(out, ignore_errors=True)
+            res = run(_config(args, kernel, out))
+            _report(res, args.keep_results, f"[{alias}]")
+            if not died_mid_command(res) or len(deaths) >= max(0, args.reboots):
+                break
+            deaths.append(guest_death(res, os.path.join(out, CONSOLE_LOG), len(deaths) + 1))
+            print(
+                f"[vm][{alias}] guest died while CMD ran (attempt {len(deaths)}); "
+                f"booting {alias} again (recorded in {GUEST_DEATHS})",
+                file=sys.stderr,
+                flush=True,
+            )
+        if died_mid_command(res):
+            deaths.append(guest_death(res, os.path.join(out, CONSOLE_LOG), len(deaths) + 1))
+        if deaths:
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, GUEST_DEATHS), "w") as fh:
+                json.dump({"deaths": deaths}, fh, indent=1)
         summary.append(
             {
                 "alias": alias,
@@ -162,6 +197,7 @@ def _matrix(args: argparse.Namespace) -> int:
                 "timed_out": res.timed_out,
                 "boot_s": None if res.boot_s is None else round(res.boot_s, 1),
                 "wall_s": round(res.wall_s, 1),
+                "guest_deaths": len(deaths),
                 "results": out,
             }
         )

@@ -266,6 +266,30 @@ def console_tail(path: str, lines: int = CONSOLE_TAIL_LINES) -> list[str]:
     return [line for line in text.split("\n") if line.strip()][-lines:]
 
 
+#: a kernel console line that says the guest kernel itself failed (not CMD, not QEMU)
+KERNEL_CRASH_MARKERS = ("Kernel panic", "Oops:", "BUG:", "general protection fault", "Call Trace:")
+#: the record of guests that died mid-command, per kernel in ``matrix --out`` (see :func:`guest_death`)
+GUEST_DEATHS = "guest-deaths.json"
+
+
+def died_mid_command(res: RunResult) -> bool:
+    """CMD started in guest A, then the guest ended with no exit status and no timeout (panic, QEMU death)."""
+    return res.rc == 125 and res.boot_s is not None and not res.timed_out
+
+
+def guest_death(res: RunResult, console: str, attempt: int) -> dict[str, object]:
+    """What one death looked like: when, the harness's messages, the console's tail, and whether the console
+    shows a kernel crash (:data:`KERNEL_CRASH_MARKERS`)."""
+    tail = console_tail(console)
+    return {
+        "attempt": attempt,
+        "wall_s": round(res.wall_s, 1),
+        "kernel_crash": any(m in line for line in tail for m in KERNEL_CRASH_MARKERS),
+        "console_tail": tail,
+        "messages": [m for m in res.messages if not m.startswith("guest A's kernel console")],
+    }
+
+
 #: boots that die before CMD starts (nothing ran in the guest) are tried again this many times
 BOOT_RETRIES = 2
 
@@ -358,11 +382,11 @@ def _run_once(cfg: RunConfig) -> RunResult:
         tail = console_tail(os.path.join(results, "a", CONSOLE_LOG))
         if tail:
             messages.append(
-                f"guest A's kernel console, last {len(tail)} lines (all of it: {CONSOLE_LOG} in the results):\n"
+                f"guest A's kernel console, last {len(tail)} lines ({CONSOLE_LOG} in the results has all):\n"
                 + "\n".join("    " + line for line in tail)
             )
         else:
-            messages.append("guest A's kernel console printed nothing at loglevel < 5 (no oops, panic or OOM kill)")
+            messages.append("guest A's kernel console printed nothing (no oops, panic or OOM kill)")
         rc = 125
     if cfg.junit:
         src = os.path.join(results, "a", "junit.xml")

@@ -330,9 +330,11 @@ def build(
     accepted: list[dict[str, Any]],
     kernels: dict[str, str] | None = None,
     missing: list[dict[str, str]] | None = None,
+    guest_deaths: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The report (schema 2). ``kernels``: alias -> release of every kernel asked for, with or without runs;
-    ``missing``: input files that were absent or held no conformance test."""
+    ``missing``: input files that were absent or held no conformance test; ``guest_deaths``: guests that
+    died while the suite ran and were booted again (``vm matrix``'s guest-deaths.json, kernel added)."""
     runs = sorted(runs, key=lambda r: (kernel_key(r.kernel), r.scenario, _backend_key(r.backend), r.nodeid))
     releases = {k: v for k, v in (kernels or {}).items() if k}
     for r in runs:
@@ -361,6 +363,7 @@ def build(
         "kernel_differences": [asdict(d) for d in find_kernel_differences(runs)],
         "unexplained": sum(1 for d in divs if not d.accepted),
         "missing": sorted(missing or [], key=lambda m: (kernel_key(m["kernel"]), m["path"], m["problem"])),
+        "guest_deaths": sorted(guest_deaths or [], key=lambda d: (kernel_key(d["kernel"]), d["attempt"])),
         "runs": [asdict(r) for r in runs],
     }
 
@@ -412,6 +415,21 @@ def render_md(rep: dict[str, Any]) -> str:
         lines += ["| kernel | file | problem |", "|---|---|---|"]
         for m in rep["missing"]:
             lines.append(f"| {m['kernel'] or '?'} | `{_cell(m['path'])}` | **{m['problem']}** |")
+    deaths = rep.get("guest_deaths", [])
+    if deaths:
+        lines += ["", f"## Guest deaths ({len(deaths)})", ""]
+        lines.append(
+            "A guest that ended while the suite ran, with no exit status (kernel panic, QEMU death); "
+            "`vm matrix` booted that kernel again and the results below are the last boot's. "
+            "`kernel crash` = the guest kernel's console shows an oops, BUG or panic: a kernel bug the "
+            "suite ran into, recorded here."
+        )
+        for d in deaths:
+            crash = "**kernel crash**" if d.get("kernel_crash") else "no kernel crash on the console"
+            when = f"attempt {d['attempt']} after {d.get('wall_s', '?')} s"
+            lines += ["", f"### {d['kernel']}, {when}: {crash}", ""]
+            tail = [str(x) for x in d.get("console_tail", [])][-25:]
+            lines += ["```", *(tail or ["(the console printed nothing)"]), "```"]
     lines += ["", "## Kernels", "", "| kernel | release | " + " | ".join(backends) + " |"]
     lines.append("|---|---|" + "---|" * len(backends))
     for k in kernels:
@@ -532,10 +550,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         accepted = load_accepted(args.accepted)
         runs, kernels, missing = _collect(args)
+        deaths = _guest_deaths(args)
     except (BadInput, ValueError, tomllib.TOMLDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    rep = build(runs, accepted, kernels, missing)
+    rep = build(runs, accepted, kernels, missing, deaths)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "conformance-report.md").write_text(render_md(rep))
     (args.out / "conformance-report.json").write_text(render_json(rep))
@@ -548,10 +567,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{c:28s} " + " ".join(f"{k}={v}" for k, v in t.items()))
     print(f"divergences: {len(rep['divergences'])} (unexplained: {rep['unexplained']})")
     print(f"kernel vs kernel differences: {len(rep['kernel_differences'])} (informational)")
+    for d in rep["guest_deaths"]:
+        what = "a kernel crash on its console" if d["kernel_crash"] else "no kernel crash on its console"
+        print(f"guest death: kernel {d['kernel']}, attempt {d['attempt']}: {what} (booted again)")
     for m in rep["missing"]:
         who = f"kernel {m['kernel']}" if m["kernel"] else "kernel unknown"
         print(f"error: {who}: {m['path']}: {m['problem']}", file=sys.stderr)
     return 1 if rep["unexplained"] or rep["missing"] else 0
+
+
+def _guest_deaths(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``DIR/<alias>/guest-deaths.json`` of every kernel of ``--matrix DIR`` (absent: none died)."""
+    if args.matrix is None:
+        return []
+    deaths: list[dict[str, Any]] = []
+    for alias in (k.strip() for k in args.kernels.split(",") if k.strip()):
+        path = args.matrix / alias / "guest-deaths.json"
+        if not path.is_file():
+            continue
+        found = _load_json(path).get("deaths")
+        if not isinstance(found, list) or not all(isinstance(d, dict) for d in found):
+            raise BadInput(f"{path}: no list of deaths")
+        for d in found:
+            attempt = d.get("attempt")
+            if not isinstance(attempt, int):
+                raise BadInput(f"{path}: a death without an attempt number")
+            tail = d.get("console_tail", [])
+            deaths.append(
+                {
+                    "kernel": alias,
+                    "attempt": attempt,
+                    "wall_s": d.get("wall_s"),
+                    "kernel_crash": bool(d.get("kernel_crash")),
+                    "console_tail": [str(x) for x in tail] if isinstance(tail, list) else [],
+                }
+            )
+    return deaths
 
 
 def _collect(args: argparse.Namespace) -> tuple[list[Run], dict[str, str], list[dict[str, str]]]:

@@ -471,3 +471,35 @@ def test_matrix_directory_names_every_kernel(tmp_path, capsys):
     capsys.readouterr()
     assert report.main(args) == 1  # the default matrix includes 6.12, which has no results
     assert "kernel 6.12" in capsys.readouterr().err
+
+
+def test_guest_deaths_of_the_matrix_are_reported_and_do_not_fail_it(tmp_path, capsys):
+    """A guest that died mid-suite and was booted again (vm matrix's guest-deaths.json) is in the report with
+    its console; the report's status is the last boot's results. A malformed record is bad input (2)."""
+    guest = tmp_path / "guest"
+    (guest / "6.12").mkdir(parents=True)
+    _results(guest / "6.12" / "results.json", _runs()[:2], release="6.12.118+deb13-amd64")
+    death = {
+        "attempt": 1,
+        "wall_s": 220.4,
+        "kernel_crash": True,
+        "console_tail": ["[ 171.2] BUG: kernel NULL pointer dereference", "[ 171.3] Kernel panic"],
+        "messages": ["guest A reported no exit status"],
+    }
+    (guest / "6.12" / "guest-deaths.json").write_text(json.dumps({"deaths": [death]}))
+    args = ["--accepted", str(tmp_path / "none.toml"), "--out", str(tmp_path / "o"), "--matrix", str(guest)]
+    assert report.main([*args, "--kernels", "6.12"]) == 0
+    assert "guest death: kernel 6.12, attempt 1: a kernel crash" in capsys.readouterr().out
+    rep = json.loads((tmp_path / "o" / "conformance-report.json").read_text())
+    (got,) = rep["guest_deaths"]
+    assert got["kernel"] == "6.12" and got["kernel_crash"] is True
+    assert got["console_tail"][-1].endswith("Kernel panic")
+    md = (tmp_path / "o" / "conformance-report.md").read_text()
+    assert "## Guest deaths (1)" in md and "**kernel crash**" in md and "NULL pointer dereference" in md
+    (guest / "6.12" / "guest-deaths.json").write_text(json.dumps({"deaths": [{"wall_s": 1}]}))
+    assert report.main([*args, "--kernels", "6.12"]) == 2
+    (guest / "6.12" / "guest-deaths.json").unlink()
+    assert report.main([*args, "--kernels", "6.12"]) == 0
+    rep = json.loads((tmp_path / "o" / "conformance-report.json").read_text())
+    assert rep["guest_deaths"] == []
+    assert "Guest deaths" not in (tmp_path / "o" / "conformance-report.md").read_text()

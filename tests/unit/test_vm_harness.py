@@ -82,7 +82,7 @@ def test_cached_trees(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     cfg.code_cache = False
     assert runner.cached_trees(cfg) == []
     argv = runner.guest_command(cfg, "a", "/res", None)
-    assert not any(a.startswith("--qemu-opts") for a in argv) and "--cached-tree" not in _inner(argv)
+    assert not any("-virtfs" in a for a in argv) and "--cached-tree" not in _inner(argv)
 
 
 def test_exec_survives_base64_roundtrip() -> None:
@@ -198,3 +198,97 @@ def test_a_failure_after_cmd_started_is_never_retried(monkeypatch: pytest.Monkey
     monkeypatch.setattr(runner, "_run_once", lambda _cfg: calls.append(1) or dead)
     res = runner.run(cfg)
     assert res.rc == 125 and len(calls) == 1 + runner.BOOT_RETRIES and len(res.messages) == 3
+
+
+def test_every_guest_keeps_its_kernel_console() -> None:
+    cfg = runner.RunConfig(kernel=KERNEL, accel="tcg", cmd=["true"])
+    argv = runner.guest_command(cfg, "a", "/res", None)
+    (opts,) = [a for a in argv if a.startswith("--qemu-opts=")]
+    chardev = "-chardev file,id=pyrdsconsole,path=/res/a/console.log"
+    assert f"{chardev} -device virtconsole,chardev=pyrdsconsole" in opts
+    appended = [argv[i + 1] for i, a in enumerate(argv) if a == "--append"]
+    assert appended == ["console=hvc0", "loglevel=5"]
+    # --verbose shows vng's own console instead; no second console then
+    loud = runner.RunConfig(kernel=KERNEL, accel="tcg", cmd=["true"], verbose=True)
+    verbose = runner.guest_command(loud, "a", "/res", None)
+    assert "--append" not in verbose and not any("pyrdsconsole" in a for a in verbose)
+
+
+def test_console_tail(tmp_path: Path) -> None:
+    log = tmp_path / "console.log"
+    assert runner.console_tail(str(log)) == []
+    log.write_bytes(b"".join(b"[ %d.0] line %d\r\n" % (i, i) for i in range(100)) + b"\xff bad byte\r\n\r\n")
+    tail = runner.console_tail(str(log), 3)
+    assert tail == ["[ 98.0] line 98", "[ 99.0] line 99", "\ufffd bad byte"]
+
+
+def test_a_guest_without_exit_status_reports_its_console(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A guest that dies mid-run (here: a fake vng that writes a console and exits 255) is reported with the
+    console's last lines, so a kernel panic in CI says what it was."""
+    fake = tmp_path / "vng"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case "$a" in --rwdir) next=1;; *) [ -n "$next" ] && res="$a"; next=;; esac; done\n'
+        'echo "{\\"uptime\\": 1.0}" > "$res/a/started"\n'
+        'printf "[ 5.0] BUG: kernel NULL pointer dereference\\r\\n'
+        '[ 5.1] Kernel panic - not syncing: Fatal\\r\\n" > "$res/a/console.log"\n'
+        "exit 255\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(runner, "_vng", lambda: str(fake))
+    monkeypatch.setattr(runner, "cached_trees", lambda cfg: [])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    res = runner.run(runner.RunConfig(kernel=KERNEL, accel="tcg", cmd=["true"], timeout=30))
+    assert res.rc == 125
+    text = "\n".join(res.messages)
+    assert "no exit status" in text
+    assert "Kernel panic - not syncing: Fatal" in text and "NULL pointer dereference" in text
+
+
+def _death_then(outcomes: list[int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
+    """Run ``vm matrix`` for 6.1 where each boot ends with the next status of ``outcomes`` (125: the guest
+    died after CMD started, its console showing a panic)."""
+    monkeypatch.setattr(cli, "find_kernel", lambda alias: KERNEL)
+    monkeypatch.setattr(cli, "_config", lambda args, kernel, out: out)
+
+    def fake_run(out: str) -> runner.RunResult:
+        rc = outcomes.pop(0)
+        os.makedirs(out, exist_ok=True)
+        if rc == 125:
+            console = "[ 9.0] BUG: kernel NULL pointer dereference\n[ 9.1] Kernel panic\n"
+            Path(out, "console.log").write_text(console)
+            return runner.RunResult(125, 30.0, 20.0, 99.0, "/r", messages=["guest A reported no exit status"])
+        Path(out, "results.json").write_text("{}")
+        return runner.RunResult(rc, 30.0, 20.0, 400.0, "/r", messages=[])
+
+    monkeypatch.setattr(cli, "run", fake_run)
+    return cli.main(["matrix", "--kernels", "6.1", "--out", str(tmp_path / "out"), *args, "--", "true"])
+
+
+def test_matrix_boots_again_after_a_guest_died_mid_command_and_records_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outcomes = [125, 0]
+    assert _death_then(outcomes, tmp_path, monkeypatch) == 0 and not outcomes
+    out = tmp_path / "out" / "6.1"
+    assert (out / "results.json").exists()  # the second boot's results
+    (death,) = json.loads((out / "guest-deaths.json").read_text())["deaths"]
+    assert death["attempt"] == 1 and death["kernel_crash"] is True
+    assert death["console_tail"][-1] == "[ 9.1] Kernel panic"
+    (row,) = json.loads((tmp_path / "out" / "matrix.json").read_text())["kernels"]
+    assert row["rc"] == 0 and row["guest_deaths"] == 1
+
+
+def test_matrix_gives_up_after_its_reboots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    outcomes = [125, 125, 0]
+    assert _death_then(outcomes, tmp_path, monkeypatch) == 125 and outcomes == [0]
+    deaths = json.loads((tmp_path / "out" / "6.1" / "guest-deaths.json").read_text())["deaths"]
+    assert [d["attempt"] for d in deaths] == [1, 2]
+    outcomes = [125, 0]
+    assert _death_then(outcomes, tmp_path, monkeypatch, "--reboots", "0") == 125 and outcomes == [0]
+    # a failure of CMD itself (it exited 1) is never booted again
+    outcomes = [1, 0]
+    assert _death_then(outcomes, tmp_path, monkeypatch) == 1 and outcomes == [0]
+    assert not (tmp_path / "out" / "6.1" / "guest-deaths.json").exists()

@@ -56,6 +56,15 @@ def test_af_rds_socket_in_guest_and_exit_status() -> None:
     assert "boot to CMD" in res.stderr
 
 
+def test_a_kernel_panic_is_reported_with_the_guest_console() -> None:
+    """A guest kernel that dies mid-command (here: sysrq crash) ends the run with status 125 and the console's
+    last lines (the panic) in the harness's report."""
+    res = _vm("--", "sh", "-c", "echo c > /proc/sysrq-trigger; sleep 60")
+    assert res.returncode == 125, res.stdout + res.stderr
+    assert "no exit status" in res.stderr
+    assert "Kernel panic - not syncing" in res.stderr and "sysrq" in res.stderr.lower(), res.stderr
+
+
 def test_junit_is_copied_back(tmp_path: Path) -> None:
     test_file = tmp_path / "test_in_guest.py"
     test_file.write_text("import socket\n\ndef test_rds():\n    socket.socket(21, 5).close()\n")
