@@ -160,7 +160,9 @@ class Transport(Protocol):
         """Drop every connection (``rds_tcp_skbuf_handler``); what the peers sent before is still read."""
 
     def busy(self) -> bool:
-        """Connections are open or messages queued: the stack must not exit while this holds."""
+        """Connections are open or messages queued. The service's idle rule (``Server._peers_connected``)
+        keeps the stack only while this holds *and* a TCP socket has a peer; pending dials and the queued
+        messages of closed sockets alone do not keep it."""
         ...
 
     def close(self) -> None:
