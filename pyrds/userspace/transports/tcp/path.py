@@ -497,6 +497,9 @@ class TcpPath:
 
     def _feed(self, data: bytes) -> bool:
         """Feed received bytes to the engine; False when a protocol error dropped the connection."""
+        # the kernel reads rds_sysctl_ping_enable for every message (rds_recv_incoming): a change applies to
+        # connections that are already up
+        self.engine.ping_enable = bool(self.host.config.sysctl["ping_enable"])
         try:
             events = self.engine.feed(data, time.monotonic())
         except ProtocolError as exc:
