@@ -15,7 +15,6 @@ import errno
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 from pyrds.api import os_error
 from pyrds.cli.common import UserError, describe_oserror
 from pyrds.userspace import rpc
-from pyrds.userspace.client.autostart import start_timeout
+from pyrds.userspace.client.autostart import spawn_service, start_timeout
 from pyrds.userspace.config import peer_cred, private_stack_name, stack_address, stack_name
 
 NOT_RUNNING = 3  # systemctl status: "program is not running"
@@ -132,22 +131,8 @@ def run_start(args: argparse.Namespace) -> int:
     if args.foreground:
         sys.stdout.flush()
         os.execv(sys.executable, argv)  # systemd supervises the service itself
-    log_path = os.environ.get("PYRDS_STACK_LOG")
-    err = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
-    try:
-        proc = subprocess.Popen(
-            [*argv, "--detach"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            start_new_session=True,
-            close_fds=True,
-        )
-    finally:
-        if not isinstance(err, int):
-            err.close()
     deadline = time.monotonic() + start_timeout()
-    proc.wait(start_timeout())  # --detach: this child exits as soon as the service is forked
+    spawn_service(mode, "--no-idle-exit")
     while (st := _status(name, uid)) is None:
         if time.monotonic() > deadline:
             raise os_error(errno.ECONNREFUSED, f"pyrds stack {name!r} did not start")

@@ -22,7 +22,7 @@ from pyrds.api import os_error
 from pyrds.userspace import rpc
 from pyrds.userspace.config import peer_cred, private_stack_name, stack_address
 
-__all__ = ["connect_stack", "start_timeout"]
+__all__ = ["connect_stack", "spawn_service", "start_timeout"]
 
 _START_TIMEOUT = 60.0  # a loaded TCG guest can take tens of seconds to start a Python service
 
@@ -56,17 +56,15 @@ def _connect_control(addr: bytes, server_uid: int) -> socket.socket:
     return s
 
 
-def _spawn_service() -> None:
-    """Start the namespace's service detached (``--detach``: double fork, the intermediate child is reaped
-    here): the shared stack when we are root, else this uid's private
-    stack (``--private``; it serves nobody else). It logs to $PYRDS_STACK_LOG (default: nowhere) so that it
-    never holds the starting process's stdout/stderr pipes open."""
+def spawn_service(*options: str) -> None:
+    """Start the namespace's service with ``options`` (``--shared`` or ``--private``, ...) detached
+    (``--detach``: double fork, the intermediate child is reaped here). It logs to $PYRDS_STACK_LOG (default:
+    nowhere) so that it never holds the starting process's stdout/stderr pipes open."""
     log_path = os.environ.get("PYRDS_STACK_LOG")
     err = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
-    mode = "--shared" if os.geteuid() == 0 else "--private"
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pyrds.userspace.service", mode, "--detach"],
+            [sys.executable, "-m", "pyrds.userspace.service", *options, "--detach"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -107,7 +105,8 @@ def connect_stack(autostart: bool = True) -> socket.socket:
             if not autostart:
                 raise
     deadline = time.monotonic() + start_timeout()
-    _spawn_service()
+    # the shared stack when we are root, else this uid's private stack (it serves nobody else)
+    spawn_service("--shared" if euid == 0 else "--private")
     delay = 0.005
     while True:
         try:

@@ -132,7 +132,7 @@ def test_start_timeout_default_and_override(monkeypatch: pytest.MonkeyPatch) -> 
     assert client.start_timeout() >= 60.0  # a loaded TCG guest needs tens of seconds
     monkeypatch.setenv("PYRDS_START_TIMEOUT", "0.3")
     assert client.start_timeout() == 0.3
-    monkeypatch.setattr(client, "_spawn_service", lambda: None)  # nothing will ever listen
+    monkeypatch.setattr(client, "spawn_service", lambda *options: None)  # nothing will ever listen
     t0 = time.monotonic()
     with pytest.raises(OSError) as ei:
         client.connect_stack()
