@@ -28,12 +28,13 @@ CLI = [sys.executable, "-m", "pyrds.cli.main"]
 
 
 def run_captured(
-    argv: list[str], timeout: float = 60.0, netns: str | None = None
+    argv: list[str], timeout: float = 60.0, netns: str | None = None, **popen: Any
 ) -> subprocess.CompletedProcess[str]:
     """Run to exit with output in files, not pipes: a userspace stack service the command starts inherits
-    them and outlives the command, so waiting for pipe EOF would wait for the service."""
+    them and outlives the command, so waiting for pipe EOF would wait for the service. ``popen`` overrides
+    Popen's arguments (env, cwd, user, ...)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        kw: dict[str, Any] = {"stdout": out, "stderr": err, "text": True, "env": ENV, "cwd": ROOT}
+        kw: dict[str, Any] = {"stdout": out, "stderr": err, "text": True, "env": ENV, "cwd": ROOT, **popen}
         if netns is None:
             proc = subprocess.Popen(argv, **kw)
         else:

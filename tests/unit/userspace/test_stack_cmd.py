@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_cli import _can_netns
+from tests.unit.test_cli import _can_netns, run_captured
 from tests.unit.userspace.test_trust import _python_for, _wait_gone
 from tests.unit.userspace.test_trust import user as user  # the fixture (pyrdstest, created when missing)
 
@@ -47,24 +47,12 @@ def _run(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python args`` in ``ns`` (as ``as_user`` when given), output in files: a service it starts
     inherits none of them, but files are never waited on anyway."""
-    from pyrds.netns import popen_in_netns
-
-    kw: dict[str, Any] = {"env": env or _env(), "cwd": "/", "text": True}
+    kw: dict[str, Any] = {"env": env or _env(), "cwd": "/"}
     python = sys.executable
     if as_user is not None:
         python = _python_for(as_user.pw_uid, as_user.pw_gid)
         kw.update(user=as_user.pw_uid, group=as_user.pw_gid, extra_groups=[])
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = popen_in_netns(ns, [python, *args], stdout=out, stderr=err, **kw)
-        try:
-            proc.wait(90)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        out.seek(0)
-        err.seek(0)
-        return subprocess.CompletedProcess(args, proc.returncode, out.read(), err.read())
+    return run_captured([python, *args], 90, ns, **kw)
 
 
 def _status(ns: str) -> tuple[int, dict[str, Any]]:

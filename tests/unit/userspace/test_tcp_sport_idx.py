@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -58,12 +58,11 @@ def peers() -> Iterator[list[socket.socket]]:
         s.close()
 
 
-def kernel_port(index: int) -> int:
-    """A 7.x dialer's source port for path ``index`` (ALIGN(low, 8) + group * 8 + index) that is NOT a pyrds
-    tag, free on 127.0.0.1."""
+def _free_port(pick: Callable[[], int]) -> int:
+    """The first port ``pick()`` gives (0: skip it) that is free on 127.0.0.1."""
     while True:
-        port = 32768 + random.randrange(3000) * 8 + index
-        if is_tagged(port):
+        port = pick()
+        if not port:
             continue
         with socket.socket() as probe:
             try:
@@ -71,6 +70,17 @@ def kernel_port(index: int) -> int:
             except OSError:
                 continue
         return port
+
+
+def kernel_port(index: int) -> int:
+    """A 7.x dialer's source port for path ``index`` (ALIGN(low, 8) + group * 8 + index) that is NOT a pyrds
+    tag, free on 127.0.0.1."""
+
+    def pick() -> int:
+        port = 32768 + random.randrange(3000) * 8 + index
+        return 0 if is_tagged(port) else port
+
+    return _free_port(pick)
 
 
 def connect_from(port: int, peers: list[socket.socket]) -> socket.socket:
@@ -490,14 +500,7 @@ def test_a_local_map_change_goes_out_on_every_live_path(peers: list[socket.socke
 
 def tagged_port(index: int) -> int:
     """A pyrds dialer's source port for path ``index`` (:func:`dial_port`), free on 127.0.0.1."""
-    while True:
-        port = dial_port(random.getrandbits(16), index)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
+    return _free_port(lambda: dial_port(random.getrandbits(16), index))
 
 
 def test_path_1_accepted_before_path_0_was_read_waits_for_the_probe(peers: list[socket.socket]) -> None:
