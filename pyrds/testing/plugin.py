@@ -12,10 +12,13 @@ veth,
   Each node's sockets live in an agent process inside its namespace (:mod:`pyrds.testing.agent`).
 - ``rds_observe(key, value)``: record an observable for the report's divergence check.
 - ``rds_message_count``: ``--rds-messages`` (default 2000; the kernel selftest uses 50000).
+- ``rds_mainline_count``: ``--rds-mainline-messages`` (default 5000).
+- ``rds_round``: 0, or with ``--rds-rounds N`` (N > 1) the test runs N times as ``[round1]``..``[roundN]``.
 
 Hang guard: ``--rds-timeout`` (``$PYRDS_TEST_TIMEOUT``, default 900 s) fails a test with
 :class:`RdsTestTimeout` (SIGALRM, main thread only) **only** when the test uses one of the fixtures above or
 is marked ``@pytest.mark.rds_timeout`` (``rds_timeout(seconds)`` sets its own limit) or ``rds_differential``.
+For a test that takes a message count it grows with the count over its default (:func:`count_scale`).
 Every other test of a project that merely has pyrds installed is never timed by this plugin.
 
 Every test item gets ``user_properties`` ``rds_scenario`` / ``rds_backend`` (kernel, userspace,
@@ -104,6 +107,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="comma list of backend labels to keep: kernel,userspace,mixed (others deselected)",
     )
+    group.addoption(
+        "--rds-rounds",
+        type=int,
+        default=int(os.environ.get("PYRDS_ROUNDS", "1")),
+        help="run each scenario that takes the rds_round fixture (the two selftest scenarios) this many "
+        "times in one session, as [round1]..[roundN] (default 1: no round in the test id)",
+    )
     group.addoption("--rds-results", default=None, help="write per-test outcomes and observations as JSON")
     # a guard against hangs, not a speed limit: how busy the machine is must not decide an outcome (stalls are
     # detected by the scenarios themselves, as no progress for a while)
@@ -127,6 +137,17 @@ def pytest_configure(config: pytest.Config) -> None:
         "test; tests that use the pyrds fixtures have it anyway, other tests never",
     )
     config._pyrds_results = {}  # type: ignore[attr-defined]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``rds_round``: 0 once by default (test ids unchanged); ``--rds-rounds N`` makes N rounds."""
+    if "rds_round" not in metafunc.fixturenames:
+        return
+    rounds = int(metafunc.config.getoption("--rds-rounds"))
+    if rounds < 1:
+        raise pytest.UsageError(f"--rds-rounds must be >= 1, not {rounds}")
+    if rounds > 1:  # overrides the rds_round fixture (0) by direct parametrization
+        metafunc.parametrize("rds_round", range(rounds), ids=[f"round{i + 1}" for i in range(rounds)])
 
 
 def _labels_of(item: pytest.Item) -> tuple[str, str] | None:
@@ -195,6 +216,7 @@ PLUGIN_FIXTURES = frozenset(
         "rds_observe",
         "rds_message_count",
         "rds_mainline_count",
+        "rds_round",
     }
 )
 
@@ -213,9 +235,28 @@ def timeout_for(item: pytest.Item) -> float:
         return limit
     if item.get_closest_marker("rds_differential") is not None:
         return limit
-    if PLUGIN_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-        return limit
+    names = set(getattr(item, "fixturenames", ()))
+    if PLUGIN_FIXTURES.intersection(names):
+        return limit * count_scale(item.config, names)
     return 0.0
+
+
+#: the message counts the default hang guard is sized for (the options' defaults)
+DEFAULT_COUNTS = {
+    "rds_mainline_count": ("--rds-mainline-messages", 5000),
+    "rds_message_count": ("--rds-messages", 2000),
+}
+
+
+def count_scale(config: pytest.Config, fixturenames: set[str]) -> float:
+    """How much longer than at the default message count a scenario may take: the hang guard (and the
+    scenario's own overall bound) grow with ``--rds-mainline-messages`` / ``--rds-messages``, so a
+    50,000-message run on a busy machine is not failed by a limit sized for 5,000 (a stall still fails it)."""
+    scale = 1.0
+    for name, (option, default) in DEFAULT_COUNTS.items():
+        if name in fixturenames:
+            scale = max(scale, float(config.getoption(option)) / default)
+    return scale
 
 
 @pytest.hookimpl(wrapper=True)
@@ -369,6 +410,12 @@ def rds_observe(request: pytest.FixtureRequest) -> Callable[[str, Any], None]:
         request.node.user_properties.append((f"rds_obs.{key}", repr(value)))
 
     return observe
+
+
+@pytest.fixture
+def rds_round() -> int:
+    """Which round of a repeated scenario this is (0-based); 0 unless ``--rds-rounds N`` > 1."""
+    return 0
 
 
 @pytest.fixture

@@ -6,7 +6,9 @@ node n % 2 to node 1 - (n % 3) % 2 (so each node also sends to itself), non-bloc
 socket pushes back, every received message drained with poll, and after every burst the RDS/TCP buffer
 sysctls are rewritten, which drops every RDS/TCP connection of the namespace. A running SHA-256 per (sender,
 receiver) pair on both ends proves exactly-once, in-order delivery; then every RDS_INFO option is read with a
-1024-byte buffer. ``--rds-mainline-messages`` sets the count (default 5000; the kernel's selftest: 50000).
+1024-byte buffer. ``--rds-mainline-messages`` sets the count (default 5000; the kernel's selftest: 50000);
+the overall bound (and the plugin's hang guard) grow with it, a stall (nothing sent or received for STALL_S)
+fails at any count. ``--rds-rounds N`` runs it N times per pairing in one session.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ RESET_STORM_RACE = KernelRace(
 
 
 @pytest.mark.slow
-def test_mainline_selftest(rds_two_nodes, rds_mainline_count, rds_observe):
+def test_mainline_selftest(rds_two_nodes, rds_mainline_count, rds_observe, rds_round):
     nodes = rds_two_nodes
     na, nb = nodes.a, nodes.b
     a, b = nodes.bound_pair()
@@ -38,14 +40,15 @@ def test_mainline_selftest(rds_two_nodes, rds_mainline_count, rds_observe):
         pytest.skip(str(exc))
     addrs = [a.getsockname(), b.getsockname()]
     count = rds_mainline_count
-    kw = {"addrs": addrs, "count": count, "stall": STALL_S}
+    timeout = 800.0 * max(1.0, count / 5000)  # below the hang guard (900 s at 5000, count_scale)
+    kw = {"addrs": addrs, "count": count, "stall": STALL_S, "timeout": timeout}
     ja = na.agent.job("pyrds.testing.workloads:mainline_selftest", [a], me=0, backend=na.backend, **kw)
     jb = nb.agent.job("pyrds.testing.workloads:mainline_selftest", [b], me=1, backend=nb.backend, **kw)
     race = "kernel" in (na.backend, nb.backend) and RESET_STORM_RACE.present()
     ra = None
     try:
-        ra = na.agent.wait(ja, 1900)
-        rb = nb.agent.wait(jb, 1900)
+        ra = na.agent.wait(ja, timeout + 30)
+        rb = nb.agent.wait(jb, timeout + 30)
     except Exception as exc:
         nodes.report_failure(exc, ra is not None, jb, [a, b])
         if race and nodes.healthy():

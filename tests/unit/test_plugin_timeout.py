@@ -115,3 +115,56 @@ def test_help_says_which_tests_are_timed(tmp_path: Path) -> None:
         timeout=120,
     )
     assert "@pytest.mark.rds_timeout(seconds=None)" in markers.stdout
+
+
+COUNTED = textwrap.dedent(
+    """
+    import time
+
+
+    def test_counted(rds_mainline_count):
+        time.sleep(1.5)
+
+
+    def test_rounds(rds_round):
+        pass
+    """
+)
+
+
+def _run_counted(tmp_path: Path, *options: str) -> str:
+    (tmp_path / "test_counted_project.py").write_text(COUNTED)
+    env = dict(os.environ, PYRDS_TEST_TIMEOUT="0.5", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    env.pop("PYTEST_ADDOPTS", None)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYRDS_ROUNDS", None)
+    env.pop("PYRDS_MAINLINE_MESSAGES", None)
+    args = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts=", "-rA"]
+    proc = subprocess.run(
+        [*args, "-p", "pyrds.testing.plugin", *options, "test_counted_project.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return proc.stdout + proc.stderr
+
+
+def test_the_hang_guard_grows_with_the_message_count(tmp_path: Path) -> None:
+    # 0.5 s at the default 5000 messages: the 1.5 s test is failed; at 20000 messages the guard is 2 s
+    out = _run_counted(tmp_path, "-k", "counted")
+    assert "test_counted_project.py::test_counted FAILED" in out and "RdsTestTimeout" in out, out
+    out = _run_counted(tmp_path, "-k", "counted", "--rds-mainline-messages", "20000")
+    assert "test_counted_project.py::test_counted PASSED" in out, out
+
+
+def test_rounds_repeat_a_scenario_and_one_round_keeps_its_id(tmp_path: Path) -> None:
+    out = _run_counted(tmp_path, "-k", "rounds")
+    assert "test_counted_project.py::test_rounds PASSED" in out, out
+    out = _run_counted(tmp_path, "-k", "rounds", "--rds-rounds", "3")
+    for i in (1, 2, 3):
+        assert f"test_counted_project.py::test_rounds[round{i}] PASSED" in out, out
+    assert "round4" not in out
+    out = _run_counted(tmp_path, "-k", "rounds", "--rds-rounds", "0")
+    assert "--rds-rounds must be >= 1" in out, out
