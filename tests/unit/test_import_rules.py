@@ -2,8 +2,8 @@
 
 1. The userspace stack's rooms depend on each other in one direction only:
    proto <- stack <- transports <- service; the application side (client) uses only the shared wire format
-   and configuration (rpc, config); transports are peers (loop, tcp and ib never import each other) and only the
-   transports package itself names a transport's modules.
+   and configuration (rpc, config); transports are peers (loop, tcp and ib never import each other) and
+   only the transports package itself names a transport's modules.
 2. proto is sans-IO: of pyrds it uses only pyrds.constants, and no stdlib module that does I/O or keeps time.
 3. No import cycle anywhere in pyrds/ (function-local and TYPE_CHECKING imports count too).
 

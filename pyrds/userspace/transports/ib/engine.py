@@ -21,7 +21,8 @@ object) are exhausted -- the message then sets them to ``max_unacked_packets`` (
 (16 MiB), every other message decrements them, so with the defaults messages 1, 10, 19, ... carry it --
 and on every retransmission (``rds_send_path_reset``). A reset (``connection_lost``) refills the counters,
 as ``rds_send_path_reset`` does, so after a reconnect only the retransmissions carry it at first. A WR is
-signalled after ``max_unsignaled_wr`` unsignalled ones and on the last fragment of every message;
+signalled after ``max_unsignaled_wr`` unsignalled ones, on the last fragment of every message and when it
+fills the ring;
 SOLICITED is set on the last fragment (the kernel's receive CQ is armed for solicited completions only).
 :meth:`IbEngine.send_complete` frees the ring up to a signalled wr_id (RC completes in order).
 
@@ -346,7 +347,9 @@ class IbEngine:
         index = tx.next
         tx.next += 1
         last = tx.next == len(tx.frags)
-        if self._unsignaled == 0 or last:
+        # also the WR that fills the ring: without a completion nothing would ever free it (only matters
+        # for rings smaller than max_unsignaled_wr + 1; the kernel's 256 never is)
+        if self._unsignaled == 0 or last or len(self._ring) + 1 == self.send_wr:
             self._unsignaled = self.max_unsignaled_wr
             signaled = True
         else:
@@ -359,14 +362,14 @@ class IbEngine:
         return SendWR(wr_id, tx.kind, tx.header, frag, signaled, last, tx.seq, index, len(tx.frags))
 
     def _next_tx(self) -> _Tx | None:
-        ack = self._piggyback()
         if self.path.take_cong_map():
-            header = dataclasses.replace(cong_map_header(), ack=ack)
+            header = dataclasses.replace(cong_map_header(), ack=self._piggyback())
             return _Tx(WrKind.CONG, 0, sealed_header(header), fragments(self.path.local_map.to_bytes()))
         picked = self.path.next_message()
         if picked is None:
             return None
         header, payload = picked
+        ack = self._piggyback()
         flags = header.flags
         if flags & HeaderFlag.RETRANSMITTED:
             flags |= HeaderFlag.ACK_REQUIRED
