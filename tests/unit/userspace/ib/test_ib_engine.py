@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 import pytest
 from ib_fakeverbs import Clock, FakeLink
@@ -31,7 +32,7 @@ B6 = ipaddress.IPv6Address("fd00::2")
 SIZES = [0, 1, 4096, 4097, 64 * 1024, 1 << 20]
 
 
-def link(v6: bool = False, **kw: int) -> FakeLink:
+def link(v6: bool = False, **kw: Any) -> FakeLink:
     la, lb = (A6, B6) if v6 else (A4, B4)
     return FakeLink(IbEngine(la, lb, **kw), IbEngine(lb, la, **kw))
 
