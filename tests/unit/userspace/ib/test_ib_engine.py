@@ -298,8 +298,12 @@ def test_ack_required_counters_refill_on_reset_like_rds_send_path_reset() -> Non
     lk = link()
     lk.connect()
     lk.pump()
-    lk.a.engine.queue(1, 2, b"1")
+    for i in range(9):  # the first carries ACK_REQUIRED, the next 8 use the counters up
+        lk.a.engine.queue(1, 2, bytes([i]))
     lk.pump()
+    lk.b.engine.queue(2, 1, b"piggybacks h_ack 9")
+    lk.pump()
+    assert lk.a.engine.path.queued_msgs == 0  # nothing to retransmit
     lk.disconnect()
     lk.connect()
     lk.pump()
@@ -307,7 +311,7 @@ def test_ack_required_counters_refill_on_reset_like_rds_send_path_reset() -> Non
     lk.a.engine.queue(1, 2, b"2")
     lk.pump()
     (frame,) = data_frames(lk.b.frames)
-    assert not RDSHeader.decode(frame.header).flags & HeaderFlag.ACK_REQUIRED
+    assert not RDSHeader.decode(frame.header).flags & HeaderFlag.ACK_REQUIRED  # counters refilled to 8
 
 
 def test_congestion_map_update_is_queued_again() -> None:
