@@ -72,6 +72,7 @@ from pyrds.userspace.transports.ib.privdata import (
 from pyrds.userspace.transports.ib.reasm import Reassembler
 from pyrds.userspace.transports.ib.wire import (
     ACK_WR_ID,
+    MAX_RECV_WR,
     MAX_SEND_WR,
     MAX_UNACKED_BYTES,
     MAX_UNACKED_PACKETS,
@@ -82,9 +83,6 @@ from pyrds.userspace.transports.ib.wire import (
 )
 
 __all__ = ["CmAnswer", "IbEngine"]
-
-#: receive ring (``net.rds.ib.max_recv_wr``)
-MAX_RECV_WR = 1024
 
 
 @dataclass(frozen=True, slots=True)

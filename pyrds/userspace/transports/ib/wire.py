@@ -15,6 +15,7 @@ from pyrds.constants import RDS_HEADER_SIZE
 __all__ = [
     "ACK_WR_ID",
     "CM_PRIVATE_DATA_MAX",
+    "MAX_RECV_WR",
     "MAX_SEND_WR",
     "MAX_UNACKED_BYTES",
     "MAX_UNACKED_PACKETS",
@@ -45,6 +46,8 @@ REJ_INCOMPAT = 1
 CM_PRIVATE_DATA_MAX = 196
 #: send ring (``net.rds.ib.max_send_wr``)
 MAX_SEND_WR = 256
+#: receive ring (``net.rds.ib.max_recv_wr``)
+MAX_RECV_WR = 1024
 #: a signalled WR at least after this many unsignalled ones (``net.rds.ib.max_unsignaled_wr``)
 MAX_UNSIGNALED_WR = 16
 #: ``net.rds.max_unacked_packets`` / ``net.rds.max_unacked_bytes`` defaults
