@@ -2,8 +2,8 @@
 
 1. The userspace stack's rooms depend on each other in one direction only:
    proto <- stack <- transports <- service; the application side (client) uses only the shared wire format
-   and configuration (rpc, config); transports are peers (loop and tcp never import each other) and only the
-   transports package itself names a transport's modules.
+   and configuration (rpc, config); transports are peers (loop, tcp and ib never import each other) and
+   only the transports package itself names a transport's modules.
 2. proto is sans-IO: of pyrds it uses only pyrds.constants, and no stdlib module that does I/O or keeps time.
 3. No import cycle anywhere in pyrds/ (function-local and TYPE_CHECKING imports count too).
 
@@ -53,6 +53,10 @@ ROOMS: tuple[Room, ...] = (
         f"{US}.transports.tcp",
         (f"{US}.stack", f"{US}.proto", f"{US}.config", "pyrds.constants", "pyrds.addr"),
     ),
+    Room(  # RDS/IB: so far its sans-IO core only (no pyverbs); tests/unit/userspace/ib checks it does no I/O
+        f"{US}.transports.ib",
+        (f"{US}.stack", f"{US}.proto", f"{US}.config", "pyrds.constants", "pyrds.addr"),
+    ),
     Room(
         f"{US}.transports",  # the package itself: the factories that name each transport
         (f"{US}.transports.loop", f"{US}.transports.tcp", f"{US}.stack"),
@@ -77,7 +81,7 @@ ROOMS: tuple[Room, ...] = (
     Room(US, (f"{US}.client",)),  # pyrds/userspace/__init__.py
 )
 #: a transport's own modules: only its package (and the transports package's factories) may import them
-TRANSPORT_INTERNALS = (f"{US}.transports.loop", f"{US}.transports.tcp")
+TRANSPORT_INTERNALS = (f"{US}.transports.loop", f"{US}.transports.tcp", f"{US}.transports.ib")
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -264,6 +268,8 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
         ("userspace/transports/loop.py", "from pyrds.userspace.transports.tcp import conn\n", "peers"),
         ("userspace/service/server.py", "from pyrds.userspace.transports.tcp.conn import X\n", "internals"),
         ("cli/info.py", "from pyrds.userspace.transports.loop import LoopTransport\n", "internals"),
+        ("userspace/transports/ib/engine.py", "from pyrds.userspace.transports.tcp import conn\n", "peers"),
+        ("userspace/service/server.py", "from pyrds.userspace.transports.ib.engine import X\n", "internals"),
     ],
 )
 def test_the_rule_catches_a_violating_module(tmp_path: Path, rel: str, text: str, why: str) -> None:
@@ -273,6 +279,7 @@ def test_the_rule_catches_a_violating_module(tmp_path: Path, rel: str, text: str
         "userspace/client/socket.py": "from pyrds.userspace import rpc\n",
         "userspace/transports/loop.py": "from pyrds.userspace.stack import core\n",
         "userspace/transports/tcp/conn.py": "from pyrds.userspace.stack import core\n",
+        "userspace/transports/ib/engine.py": "from pyrds.userspace.proto import path\n",
         "userspace/service/server.py": "from pyrds.userspace.transports import loop_transport\n",
         "userspace/rpc.py": "import struct\n",
         "cli/info.py": "from pyrds.userspace.client import socket\n",

@@ -10,6 +10,9 @@ extension whose body would overrun the 16-byte area.  Types below 16 that the ke
 and so does :func:`decode_exthdrs`.
 ``RDS_EXTHDR_SPORT_IDX`` (8, 7.x) has a 1-byte body (0). A 6.1/6.12 receiver sizes type 8 as 0 bytes, so a
 SPORT_IDX placed last is followed by its 0x00 body, which such a receiver reads as the NONE terminator.
+The header checksum (rds.h ``rds_message_make_checksum`` / ``rds_message_verify_checksum``) is the IP checksum
+of the 48 bytes with ``h_csum`` zero; 0 means "no checksum". RDS/IB computes and verifies it; RDS/TCP sends 0
+and never checks it (the TCP code of this package does not call these functions).
 6.1/6.12 senders put at most one extension in a message (``rds_message_add_extension`` refuses a second);
 7.x senders put several (the probe: NPATHS, GEN_NUM, SPORT_IDX); receivers parse as many as fit.
 """
@@ -27,9 +30,12 @@ __all__ = [
     "ExtHeader",
     "ProtocolError",
     "RDSHeader",
+    "checksum_ok",
     "decode_exthdrs",
     "encode_exthdrs",
     "exthdr_body_size",
+    "header_checksum",
+    "with_checksum",
 ]
 
 _HDR = struct.Struct(">QQIHHBB4sH16s")
@@ -199,3 +205,37 @@ class RDSHeader:
             self.sequence, self.ack, self.length, self.sport, self.dport, self.flags | flags,
             self.credit, self.csum, self.exthdr,
         )
+
+
+_CSUM_OFF = 30  # offset of h_csum
+
+
+def header_checksum(raw: bytes | bytearray | memoryview) -> int:
+    """RFC 1071 checksum of the first 48 bytes of ``raw`` with ``h_csum`` taken as zero (``ip_fast_csum``).
+
+    The one's-complement sum does not depend on byte order, so the value stored big-endian gives the bytes
+    a little-endian kernel stores natively.
+    """
+    if len(raw) < RDS_HEADER_SIZE:
+        raise ProtocolError("short_header", f"{len(raw)} < {RDS_HEADER_SIZE} bytes")
+    words: tuple[int, ...] = _WORDS.unpack_from(raw, 0)
+    total = sum(words) - words[_CSUM_OFF // 2]
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def with_checksum(raw: bytes) -> bytes:
+    """The 48-byte header ``raw`` with ``h_csum`` set (what the kernel's RDS/IB sender puts on the wire)."""
+    csum = header_checksum(raw)
+    return raw[:_CSUM_OFF] + csum.to_bytes(2, "big") + raw[_CSUM_OFF + 2 : RDS_HEADER_SIZE]
+
+
+def checksum_ok(raw: bytes | bytearray | memoryview) -> bool:
+    """``rds_message_verify_checksum``: ``h_csum`` 0 (none) or equal to the checksum of the header."""
+    stored = int.from_bytes(raw[_CSUM_OFF : _CSUM_OFF + 2], "big")
+    return stored == 0 or stored == header_checksum(raw)
+
+
+_WORDS = struct.Struct(">24H")
+assert _WORDS.size == RDS_HEADER_SIZE

@@ -12,6 +12,12 @@ a ping (dport 0, sport != 0) is answered with a pong when ping_enable; probe pin
 handshake.  Regular pongs
 (sport 0, dport != 1) are ordinary messages for the socket bound to dport, as in the kernel (rds-ping).
 
+Transports that delimit messages themselves (RDS/IB) use the same engine message by message instead of as a
+byte stream: :meth:`PathEngine.next_message` / :meth:`PathEngine.take_cong_map` instead of ``bytes_to_send``,
+:meth:`PathEngine.receive` instead of ``feed``, and RDS-level acks (:meth:`PathEngine.acked_seq`, the peer's
+``h_ack``) instead of TCP byte counts (``acked_through``). The sequence numbers, the retransmit queue, the
+requeue-as-RETRANSMITTED after reconnect, the duplicate rule and the pong queue are the same code for both.
+
 Multipath catch-up (7.x ``rds_mprds_cp0_catchup``): when a connection fans out (``c_npaths`` becomes > 1 from
 a handshake) the connection records path 0's next sequence number (:meth:`PathEngine.begin_catchup` on path
 0's engine); from then on a path > 0 (given ``lane0``) transmits no message while path 0 still holds, unacked
@@ -296,12 +302,56 @@ class PathEngine:
         self._acked_bytes = total_bytes_acked
         done: list[AckedMessage] = []
         while self._written and self._written[0].end <= total_bytes_acked:
-            msg = self._written.popleft()
-            self._queued_bytes -= len(msg.payload)
-            h = msg.header
-            if h.sport == 0:
-                self._pongs -= 1
-            done.append(AckedMessage(h.sequence, h.length, h.sport, h.dport, h.flags))
+            done.append(self._release(self._written.popleft()))
+        return done
+
+    def _release(self, msg: _Out) -> AckedMessage:
+        """Forget ``msg`` (acked or flushed): its bytes and pong no longer count against the queue."""
+        self._queued_bytes -= len(msg.payload)
+        h = msg.header
+        if h.sport == 0:
+            self._pongs -= 1
+        return AckedMessage(h.sequence, h.length, h.sport, h.dport, h.flags)
+
+    # -- message-at-a-time use (RDS/IB: the transport frames each message itself) ----------------------------
+    def take_cong_map(self) -> bool:
+        """The congestion map is due (path 0 after connect, or :meth:`queue_cong_map`): clear and say so.
+        ``local_map`` is then sent before the next message, as :meth:`bytes_to_send` does for TCP."""
+        if self._state != PathState.UP or not self._cong_pending:
+            return False
+        self._cong_pending = False
+        return True
+
+    def next_message(self) -> tuple[RDSHeader, bytes] | None:
+        """The oldest queued message, moved to the retransmit queue (``rds_send_xmit`` moves it to
+        ``cp_retrans`` as it picks it); ``None`` when not UP, nothing is queued, or path 0 is catching up.
+        It stays there until :meth:`acked_seq` or :meth:`reset_sequences` releases it, and a reconnect
+        requeues it as a retransmission, exactly like a message written by :meth:`bytes_to_send`."""
+        self._held = False
+        if self._state != PathState.UP or not self._send_queue:
+            return None
+        if self.lane0 is not None and self.lane0.catching_up():
+            self._held = True
+            self.catchup_retries += 1
+            return None
+        msg = self._send_queue.popleft()
+        self._written.append(msg)
+        return msg.header, msg.payload
+
+    def acked_seq(self, ack: int) -> list[AckedMessage]:
+        """The peer received every message up to sequence ``ack`` (``rds_send_drop_acked``: an RDS-level
+        ack, h_ack or the connect private data's ack_seq): release them, oldest first. Retransmissions
+        requeued by a reconnect and not yet resent are released too (the private data's ack_seq arrives
+        exactly then)."""
+        done: list[AckedMessage] = []
+        while self._written and self._written[0].header.sequence <= ack:
+            done.append(self._release(self._written.popleft()))
+        while (
+            self._send_queue
+            and self._send_queue[0].header.flags & HeaderFlag.RETRANSMITTED
+            and self._send_queue[0].header.sequence <= ack
+        ):
+            done.append(self._release(self._send_queue.popleft()))
         return done
 
     # -- connection life cycle ----------------------------------------------------------------------------
@@ -345,14 +395,7 @@ class PathEngine:
         flushed.extend(m for m in self._send_queue if m.header.flags & HeaderFlag.RETRANSMITTED)
         self._written.clear()
         self._send_queue = deque(m for m in self._send_queue if not m.header.flags & HeaderFlag.RETRANSMITTED)
-        done: list[AckedMessage] = []
-        for msg in flushed:
-            self._queued_bytes -= len(msg.payload)
-            h = msg.header
-            if h.sport == 0:
-                self._pongs -= 1
-            done.append(AckedMessage(h.sequence, h.length, h.sport, h.dport, h.flags))
-        return done
+        return [self._release(msg) for msg in flushed]
 
     # -- receive side -------------------------------------------------------------------------------------
     def feed(self, data: bytes | bytearray | memoryview, now: float) -> list[Event]:
@@ -371,6 +414,13 @@ class PathEngine:
             self._state = PathState.ERROR
             err.partial = list(events)
             raise err
+        return events
+
+    def receive(self, header: RDSHeader, payload: bytes, now: float) -> list[Event]:
+        """One whole message from a transport that delimits messages itself (RDS/IB reassembly): the same
+        rules as :meth:`feed` after framing (congestion map, duplicate drop, ping/pong, delivery)."""
+        events: list[Event] = []
+        self._on_frame(Frame(header, payload), now, events)
         return events
 
     def _on_frame(self, frame: Frame, now: float, events: list[Event]) -> None:
