@@ -25,3 +25,35 @@ def test_version_is_still_there_when_asked() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     version, loaded = out.split()
     assert version and loaded == "True"
+
+
+#: what each entry point must not load: the userspace client's socket class (and pyrds.info's ctypes
+#: tables, which it brings) belongs to processes that open a userspace socket. Every ``pyrds`` command
+#: built its parser through ``pyrds.cli.stack`` -> ``pyrds.userspace`` -> the client socket, ~1.8 s per
+#: process in a 7.3 TCG guest (docs/userspace-profile.md); the stack service loaded it and never used it.
+NOT_NEEDED = {
+    "pyrds.cli.main": ("pyrds.userspace.client.socket", "pyrds.info"),
+    "pyrds.userspace.rpc": ("pyrds.userspace.client.socket",),
+    "pyrds.userspace.client.autostart": ("pyrds.userspace.client.socket",),
+    "pyrds.userspace.service": ("pyrds.userspace.client.socket",),
+}
+
+
+@pytest.mark.parametrize("module", sorted(NOT_NEEDED))
+def test_entry_points_load_only_what_they_use(module: str) -> None:
+    unwanted = NOT_NEEDED[module]
+    code = f"import sys, {module}; print(','.join(m for m in {unwanted!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "", f"importing {module} pulls in {out.strip()}"
+
+
+def test_the_userspace_socket_class_is_still_reachable_from_the_package() -> None:
+    code = (
+        "import pyrds.userspace as u, pyrds.userspace.client as c; from pyrds.userspace import RDSSocket; "
+        "print(u.RDSSocket is c.RDSSocket is RDSSocket, RDSSocket.__module__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "pyrds.userspace.client"]
+    argv = [sys.executable, "-c", "import pyrds.userspace as u; u.nothing"]
+    proc = subprocess.run(argv, capture_output=True)
+    assert proc.returncode == 1 and b"AttributeError" in proc.stderr

@@ -7,6 +7,18 @@ format) and :mod:`pyrds.userspace.config` with the daemon side.
 
 from __future__ import annotations
 
-from pyrds.userspace.client.socket import RDSSocket
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyrds.userspace.client.socket import RDSSocket
 
 __all__ = ["RDSSocket"]
+
+
+def __getattr__(name: str) -> Any:
+    """``RDSSocket`` on first use: :mod:`.autostart` alone (``pyrds stack``) does not load the socket."""
+    if name == "RDSSocket":
+        from pyrds.userspace.client.socket import RDSSocket
+
+        return RDSSocket
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
