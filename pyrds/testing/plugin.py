@@ -428,3 +428,10 @@ def rds_mainline_count(request: pytest.FixtureRequest) -> int:
 def rds_message_count(request: pytest.FixtureRequest) -> int:
     count: int = request.config.getoption("--rds-messages")
     return count
+
+
+@pytest.fixture
+def rds_count_scale(request: pytest.FixtureRequest) -> float:
+    """The factor the hang guard of this test grows by with its message count (:func:`count_scale`): a
+    scenario multiplies its own overall bound by it, so that bound stays below the guard at every count."""
+    return count_scale(request.config, set(request.fixturenames))

@@ -30,7 +30,7 @@ RESET_STORM_RACE = KernelRace(
 
 
 @pytest.mark.slow
-def test_mainline_selftest(rds_two_nodes, rds_mainline_count, rds_observe, rds_round):
+def test_mainline_selftest(rds_two_nodes, rds_mainline_count, rds_count_scale, rds_observe, rds_round):
     nodes = rds_two_nodes
     na, nb = nodes.a, nodes.b
     a, b = nodes.bound_pair()
@@ -40,7 +40,7 @@ def test_mainline_selftest(rds_two_nodes, rds_mainline_count, rds_observe, rds_r
         pytest.skip(str(exc))
     addrs = [a.getsockname(), b.getsockname()]
     count = rds_mainline_count
-    timeout = 800.0 * max(1.0, count / 5000)  # below the hang guard (900 s at 5000, count_scale)
+    timeout = 800.0 * rds_count_scale  # below the hang guard (900 s at 5000 messages, grown as it grows)
     kw = {"addrs": addrs, "count": count, "stall": STALL_S, "timeout": timeout}
     ja = na.agent.job("pyrds.testing.workloads:mainline_selftest", [a], me=0, backend=na.backend, **kw)
     jb = nb.agent.job("pyrds.testing.workloads:mainline_selftest", [b], me=1, backend=nb.backend, **kw)

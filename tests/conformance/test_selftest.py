@@ -53,7 +53,9 @@ RESET_RACE = KernelRace(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impair", ["clean", "netem"])
-def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, rds_round, impair):
+def test_selftest_exactly_once(
+    rds_two_nodes, rds_message_count, rds_count_scale, rds_observe, rds_round, impair
+):
     nodes = rds_two_nodes
     na, nb = nodes.a, nodes.b
     a, b = nodes.bound_pair()  # the connection is up before it is impaired
@@ -65,8 +67,8 @@ def test_selftest_exactly_once(rds_two_nodes, rds_message_count, rds_observe, rd
     count = rds_message_count
     # a stall (no message sent or received for STALL_S) ends the exchange; a slow but moving run never does
     # (how busy the machine is must not decide the outcome). The overall bound stays below --rds-timeout; both
-    # grow with the count (count_scale).
-    timeout = 600.0 * max(1.0, count / 2000)
+    # grow with the count by the same factor (rds_count_scale).
+    timeout = 600.0 * rds_count_scale
     kw = {"count": count, "seed": 7, "timeout": timeout, "stall": STALL_S}
     ja = na.agent.job("pyrds.testing.workloads:exchange", [a], peers=[b.getsockname()], **kw)
     jb = nb.agent.job("pyrds.testing.workloads:exchange", [b], peers=[a.getsockname()], **kw)

@@ -128,6 +128,14 @@ COUNTED = textwrap.dedent(
 
     def test_rounds(rds_round):
         pass
+
+
+    def test_scale(rds_mainline_count, rds_count_scale):
+        print(f"scale={rds_count_scale!r}")
+
+
+    def test_scale_other(rds_message_count, rds_count_scale):
+        print(f"scale={rds_count_scale!r}")
     """
 )
 
@@ -157,6 +165,14 @@ def test_the_hang_guard_grows_with_the_message_count(tmp_path: Path) -> None:
     assert "test_counted_project.py::test_counted FAILED" in out and "RdsTestTimeout" in out, out
     out = _run_counted(tmp_path, "-k", "counted", "--rds-mainline-messages", "20000")
     assert "test_counted_project.py::test_counted PASSED" in out, out
+
+
+def test_a_scenario_scales_its_own_bound_as_the_guard_does(tmp_path: Path) -> None:
+    out = _run_counted(tmp_path, "-k", "scale", "-s")
+    assert out.count("scale=1.0") == 2, out
+    counts = ("--rds-mainline-messages", "50000", "--rds-messages", "3000")
+    out = _run_counted(tmp_path, "-k", "scale", "-s", *counts)
+    assert "scale=10.0" in out and "scale=1.5" in out, out
 
 
 def test_rounds_repeat_a_scenario_and_one_round_keeps_its_id(tmp_path: Path) -> None:
