@@ -29,8 +29,9 @@ def test_version_is_still_there_when_asked() -> None:
 
 #: what each entry point must not load: the userspace client's socket class (and pyrds.info's ctypes
 #: tables, which it brings) belongs to processes that open a userspace socket. Every ``pyrds`` command
-#: built its parser through ``pyrds.cli.stack`` -> ``pyrds.userspace`` -> the client socket, ~1.8 s per
-#: process in a 7.3 TCG guest (docs/userspace-profile.md); the stack service loaded it and never used it.
+#: built its parser through ``pyrds.cli.stack`` -> ``pyrds.userspace`` -> the client socket (1.8 s of
+#: imports by a 7.3 guest profile; the whole ``pyrds info`` call gained 0.1-0.8 s when measured, see
+#: tests/conformance/README.md); the stack service loaded it and never used it.
 NOT_NEEDED = {
     "pyrds.cli.main": ("pyrds.userspace.client.socket", "pyrds.info"),
     "pyrds.userspace.rpc": ("pyrds.userspace.client.socket",),
