@@ -299,7 +299,11 @@ class TwoNodes:
         for node, sock in zip(self.nodes, socks, strict=False):
             print(f"--- node {node.backend} {node.addr4}")
             try:
-                print(node.sh("ss", "-tni", check=False).stdout)
+                # RDS/TCP's own connections only (not the readiness pairs on 127.0.0.1), with their timers
+                # (-o: a retransmission backoff or keepalive) and memory (-m: a full receive buffer)
+                port = str(node.tcp_port)
+                rds_tcp = f"( sport = :{port} or dport = :{port} )"
+                print(node.sh("ss", "-tnimoa", rds_tcp, check=False).stdout)
                 for t in (InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS_INFO_TCP_SOCKETS):
                     for rec in sock.get_info(t):
                         print(f"  {t.name}: {rec}")

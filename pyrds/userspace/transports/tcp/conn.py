@@ -52,9 +52,13 @@ MAX_WAITING = RDS_MPATH_WORKERS
 #: a waiting connection is judged this long after it arrived (the busy path's keepalive probe has been
 #: answered by then): refused if the path's own connection proved alive
 PROOF_DELAY = 2.0
+#: a waiting connection takes the place of its path's own when that one has heard nothing from the peer
+#: for this long (and not since the newcomer arrived) while it waits for an ack or a keepalive answer
+SILENCE_LIMIT = 2 * PROOF_DELAY
 TCP_ESTABLISHED = 1
-#: struct tcp_info up to tcpi_last_ack_recv: tcpi_state, tcpi_probes, tcpi_last_data_recv, tcpi_last_ack_recv
-_TCP_INFO = struct.Struct("=B2xB48xII")
+#: struct tcp_info up to tcpi_last_ack_recv: the eight u8 fields (tcpi_state, ca_state, retransmits, probes,
+#: backoff, options, wscale, flags), then tcpi_rto .. tcpi_last_ack_recv (13 x u32)
+_TCP_INFO = struct.Struct("=8B13I")
 
 
 @dataclasses.dataclass(eq=False)
@@ -262,6 +266,24 @@ class TcpConn:
         if (index, path.gen) != (entry.index, entry.gen):  # another connection has the path: judge that one
             entry.index, entry.gen, entry.since = index, path.gen, time.monotonic()
             _probe_liveness(path)
+        elif not path.closing and _silent(path.sock, time.monotonic() - entry.since):
+            # Every RDS/TCP dialer closes a path's connection before dialling it again: the peer gave this
+            # one up, and its close (a FIN or reset) was lost. TCP would only give up after tcp_retries2
+            # (minutes with data outstanding, where no keepalive probe is made); meanwhile the re-dial,
+            # and what the peer sends on it, would wait.
+            self.host.counters["tcp_path_silent_dropped"] += 1
+            log.info(
+                "RDS/TCP %s -> %s path %d: its connection heard nothing from the peer, which dialled the path"
+                " again from port %d: dropped for that one",
+                self.faddr,
+                self.laddr,
+                index,
+                entry.peer_port,
+            )
+            path.abandon()  # reads what it holds, closes; path_down -> admit_waiting gives the path away
+            if entry in self.waiting:
+                self.loop.call_later(PROOF_DELAY, lambda: self._judge(entry))
+            return
         elif not path.closing and _alive(path.sock, time.monotonic() - entry.since):
             self.waiting.remove(entry)
             self.host.counters["tcp_accept_refused_live"] += 1
@@ -334,6 +356,24 @@ def _alive(s: socket.socket, window: float) -> bool:
         return False
     if len(info) < _TCP_INFO.size:
         return False
-    state, probes, last_data_recv, last_ack_recv = (int(v) for v in _TCP_INFO.unpack(info))
+    f = [int(v) for v in _TCP_INFO.unpack(info)]
+    state, probes, last_data_recv, last_ack_recv = f[0], f[3], f[19], f[20]
     heard_ms = min(last_data_recv, last_ack_recv)
     return state == TCP_ESTABLISHED and probes == 0 and heard_ms < window * 1000
+
+
+def _silent(s: socket.socket, window: float) -> bool:
+    """The peer's TCP stopped answering on ``s``: data or a keepalive probe is unanswered (``tcpi_unacked``,
+    ``tcpi_probes``) and nothing came from the peer for :data:`SILENCE_LIMIT` seconds, nor since the
+    newcomer arrived ``window`` seconds ago."""
+    try:
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
+    except OSError:
+        return False
+    if len(info) < _TCP_INFO.size:
+        return False
+    f = [int(v) for v in _TCP_INFO.unpack(info)]
+    state, probes, unacked, last_data_recv, last_ack_recv = f[0], f[3], f[12], f[19], f[20]
+    heard_ms = min(last_data_recv, last_ack_recv)
+    waiting = unacked > 0 or probes > 0
+    return state == TCP_ESTABLISHED and waiting and heard_ms >= max(window, SILENCE_LIMIT) * 1000

@@ -288,6 +288,12 @@ class TcpPath:
             if self.sock is not None:
                 self.lost()
 
+    def abandon(self) -> None:
+        """Give the connection up at once: read what it already holds, then :meth:`lost`."""
+        self._drain_nonblocking()
+        if self.sock is not None:
+            self.lost()
+
     def read_pending(self) -> None:
         """Read and handle what the socket already holds, without waiting (and send the replies)."""
         self._drain_nonblocking()
