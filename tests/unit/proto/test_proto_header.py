@@ -181,3 +181,10 @@ def test_header_round_trip(h: RDSHeader) -> None:
 def test_any_48_bytes_decode(raw: bytes) -> None:
     h = RDSHeader.decode(raw)
     assert h.encode()[:32] == raw[:26] + b"\0\0\0\0" + raw[30:32]
+
+
+def test_examples_have_no_deadline() -> None:
+    """The package's conftest turns hypothesis's per-example deadline off (a busy machine is no failure)."""
+    from hypothesis import settings
+
+    assert settings.default is not None and settings.default.deadline is None
