@@ -178,6 +178,13 @@ def userspace_force_reconnect(socks: Sequence[Any]) -> None:
     raise NotImplementedError("the userspace stack exposes no force_reconnect knob")
 
 
+def userspace_sysctl_set(socks: Sequence[Any], *, name: str, value: int) -> None:
+    """Set one of the userspace stack's sysctl-like settings (``pyrds.userspace.control.sysctl_set``)."""
+    from pyrds.userspace import control
+
+    control.sysctl_set(name, value)
+
+
 def rdma_probe(socks: Sequence[Any], *, dest: Any, kind: str) -> int:
     """Try an RDMA or atomic send with buffers that exist in THIS process; return 0 or the errno."""
     import ctypes

@@ -25,7 +25,13 @@ SYSCTL_DEFAULTS: dict[str, int] = {
     # drops every RDS/TCP connection of the stack (rds_tcp_skbuf_handler)
     "rds_tcp_sndbuf": 0,
     "rds_tcp_rcvbuf": 0,
+    # pyrds only (the kernels set none): TCP_USER_TIMEOUT of RDS/TCP sockets, so a connection whose data
+    # or keepalive probes go unanswered this long is dropped and re-dialled instead of retransmitting for
+    # tcp_retries2 (~15 min); 0 = TCP's default. Applies to connections made after a change.
+    "rds_tcp_user_timeout_ms": 30_000,
 }
+#: the settings whose value must be in 0 .. 2**31 - 1 (EINVAL otherwise)
+SYSCTL_NON_NEGATIVE = frozenset({"rds_tcp_user_timeout_ms"})
 
 
 def _env_int(name: str, default: int) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 from pyrds.addr import IPAddress
 from pyrds.constants import SO_RCVBUFFORCE, SO_SNDBUFFORCE
 from pyrds.userspace import rpc
-from pyrds.userspace.config import PeerCred
+from pyrds.userspace.config import SYSCTL_NON_NEGATIVE, PeerCred
 from pyrds.userspace.service.readiness import Readiness
 from pyrds.userspace.service.trust import has_cap_net_admin, may_administer
 from pyrds.userspace.stack import info_tables, sockopts
@@ -84,6 +84,8 @@ def _sysctl_set(req: Request, args: Any) -> None:
         raise StackError(errno.ENOENT)
     if not may_administer(req.peer, config.owner):
         raise StackError(errno.EACCES)
+    if name in SYSCTL_NON_NEGATIVE and not 0 <= int(value) < 1 << 31:
+        raise StackError(errno.EINVAL)
     config.set_sysctl(name, value)
     if name in ("rds_tcp_sndbuf", "rds_tcp_rcvbuf"):
         for transport in req.stack.transports:

@@ -23,6 +23,19 @@ def test_sysctl_roundtrip_and_unknown_name() -> None:
     control.force_reconnect()  # no connections: a no-op, but the knob exists
 
 
+def test_tcp_user_timeout_setting_is_bounded() -> None:
+    """``rds_tcp_user_timeout_ms`` (pyrds only): 30 s by default; TCP_USER_TIMEOUT takes 0 .. 2**31 - 1 ms,
+    anything else is EINVAL and leaves the value as it was."""
+    assert control.sysctl_get()["rds_tcp_user_timeout_ms"] == 30_000
+    for bad in (-1, 1 << 31):
+        with pytest.raises(OSError) as ei:
+            control.sysctl_set("rds_tcp_user_timeout_ms", bad)
+        assert ei.value.errno == errno.EINVAL
+    assert control.sysctl_get()["rds_tcp_user_timeout_ms"] == 30_000
+    control.sysctl_set("rds_tcp_user_timeout_ms", 0)
+    assert control.sysctl_get()["rds_tcp_user_timeout_ms"] == 0
+
+
 def test_embedded_service_in_a_thread_and_its_death() -> None:
     svc = Service()
     svc.bind()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pyrds.userspace.config import SYSCTL_DEFAULTS
 from pyrds.userspace.proto import CongestionMap, PathEngine
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
 from pyrds.userspace.transports.tcp.path import R, TcpPath
@@ -25,7 +26,7 @@ class FakeStack:
     """The StackHost a path talks to."""
 
     def __init__(self) -> None:
-        sysctl = {"ping_enable": 1, "rds_tcp_sndbuf": 0, "rds_tcp_rcvbuf": 0}
+        sysctl = dict(SYSCTL_DEFAULTS)
         self.config = type("Cfg", (), {"sysctl": sysctl})
         self.counters: defaultdict[str, int] = defaultdict(int)
         self.delivered: list[bytes] = []

@@ -291,6 +291,24 @@ def test_a_connection_the_peer_lost_silently_gives_way_within_seconds(peers: lis
     assert stack.counters["conn_reset"] == 1
 
 
+def test_a_path_connection_carries_the_tcp_user_timeout(peers: list[socket.socket]) -> None:
+    """Every RDS/TCP connection gets TCP_USER_TIMEOUT = ``rds_tcp_user_timeout_ms`` (30 s by default; 0:
+    none), so one whose data goes unanswered is dropped instead of retransmitting for ~15 minutes
+    (``test_tcp_silent_path`` shows the stall it ends)."""
+    conn, _svc, stack = make_conn(owner=False)
+    port0 = tcp_sockopt.dial_port(random.getrandbits(16), 0)
+    conn.accept(connect_from(port0, peers), port0)
+    sock = conn.paths[0].sock
+    assert sock is not None
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 30_000
+    stack.config.set_sysctl("rds_tcp_user_timeout_ms", 0)
+    conn.paths[0].lost()
+    port1 = tcp_sockopt.dial_port(random.getrandbits(16), 0)
+    conn.accept(connect_from(port1, peers), port1)
+    sock = conn.paths[0].sock
+    assert sock is not None and sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 0
+
+
 def test_6_1_dialer_keeps_the_single_path_rules(peers: list[socket.socket]) -> None:
     conn, _svc, _stack = make_conn(owner=False)
     port0 = kernel_port(0)

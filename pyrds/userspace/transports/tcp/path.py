@@ -44,6 +44,8 @@ CONFIRM_POLL = 0.01  # owner: how often an unconfirmed connection checks whether
 CONFIRM_TIMEOUT = 5.0  # owner: send on a new connection after this even if nothing confirmed it
 CLOSE_TIMEOUT = 5.0  # graceful close: give up waiting for the peer's FIN
 WRITE_CHUNK = 256 * 1024
+#: reads after the first that :func:`_acked_read` makes at most to get the receive queue empty for the ACK
+ACK_READS = 4
 #: pongs a path holds unacked at most (a peer that pings without reading the pongs): more pings go unanswered
 PONG_MAX = 8192
 
@@ -212,7 +214,7 @@ class TcpPath:
             self.peer_port = None
         self.gen += 1
         sysctl = self.host.config.sysctl
-        tune(s, sysctl["rds_tcp_sndbuf"], sysctl["rds_tcp_rcvbuf"])
+        tune(s, sysctl["rds_tcp_sndbuf"], sysctl["rds_tcp_rcvbuf"], sysctl["rds_tcp_user_timeout_ms"])
         svc = self.loop
         self.holds = 0
         self._full.clear()
@@ -308,7 +310,7 @@ class TcpPath:
                 return
             if not data:
                 return
-            ack_now(self.sock)
+            data = _acked_read(self.sock, data)
             if not self._feed(data):
                 return
             self._hold_for_full()
@@ -449,7 +451,8 @@ class TcpPath:
         if not data:
             self.lost()
             return
-        ack_now(s)  # before anything read here can reach a reader (docs/userspace.md, "Restart")
+        # acked before anything read here can reach a reader (docs/userspace.md, "Restart")
+        data = _acked_read(s, data)
         if self._feed(data):
             self._hold_for_full()
             if not self.confirmed:
@@ -562,6 +565,31 @@ class TcpPath:
                 pass  # the pong's handshake came as NpathsNegotiated; a map of the wrong length is ignored
             case _:
                 assert_never(ev)
+
+
+def _acked_read(s: socket.socket, data: bytes) -> bytes:
+    """``data`` just read from ``s``, plus whatever more it takes until our TCP has acked all of it.
+
+    TCP_QUICKACK (:func:`ack_now`) sends the pending ACK only when the read left the receive queue empty
+    (``tcp_cleanup_rbuf``: ``!sk_rmem_alloc``) or more than one MSS is unacked; a segment that arrived after
+    the read keeps the ACK delayed, and a service killed then would see the peer resend what it had already
+    delivered (a duplicate after a restart, seen under load in ``test_restart_netns[receiver]``). So read on,
+    without waiting, until SIOCINQ shows the queue empty after the ACK (at most :data:`ACK_READS` more
+    reads; a peer that keeps the queue full acks on the MSS rule anyway)."""
+    ack_now(s)
+    more: list[bytes] = []
+    for _ in range(ACK_READS):
+        if not unread_bytes(s):
+            break
+        try:
+            chunk = s.recv(WRITE_CHUNK, socket.MSG_DONTWAIT)
+        except OSError:  # EAGAIN, or a reset: the next read sees it
+            break
+        if not chunk:  # the peer's FIN: the next read sees it
+            break
+        more.append(chunk)
+        ack_now(s)
+    return data + b"".join(more) if more else data
 
 
 def _connected(s: socket.socket) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import random
@@ -16,8 +17,12 @@ __all__ = ["ack_now", "bind_path_port", "local_port_range", "tune", "unacked_byt
 _OUTQ = struct.Struct("i")
 
 
-def tune(s: socket.socket, sndbuf: int = 0, rcvbuf: int = 0) -> None:
-    """TCP_NODELAY, keepalive 5s/5/5s, rds_tcp_sndbuf/rcvbuf (rds_tcp_tune, rds_tcp_keepalive)."""
+def tune(s: socket.socket, sndbuf: int = 0, rcvbuf: int = 0, user_timeout_ms: int = 0) -> None:
+    """TCP_NODELAY, keepalive 5s/5/5s, rds_tcp_sndbuf/rcvbuf (rds_tcp_tune, rds_tcp_keepalive), and
+    TCP_USER_TIMEOUT when ``user_timeout_ms`` > 0 (pyrds only: the setting ``rds_tcp_user_timeout_ms``)."""
+    if user_timeout_ms > 0:
+        with contextlib.suppress(OSError, OverflowError):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, user_timeout_ms)
     if sndbuf > 0:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     if rcvbuf > 0:
