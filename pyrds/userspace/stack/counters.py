@@ -83,6 +83,7 @@ EXTRA_NAMES = (
     "accept_emfile",  # a connection accepted at EMFILE/ENFILE with the spare fd and refused at once
     "tcp_accept_deferred",  # an incoming connection held unread: its path still had a connection
     "tcp_accept_refused_live",  # a waiting connection refused: its path's own connection proved alive
+    "tcp_timed_out",  # a connection TCP gave up on (ETIMEDOUT: TCP_USER_TIMEOUT or keepalive)
     "tcp_path_silent_dropped",  # a path's connection the peer went silent on, given up for its re-dial
 )
 

@@ -179,3 +179,4 @@ def test_a_connection_black_holed_both_ways_is_given_up(nodes: Any, tmp_path: An
         with pytest.raises(TimeoutError):  # nothing twice
             extra = sock.recv(100)
             raise AssertionError(f"delivered twice: {extra!r}")
+    assert stack_counters(a)["tcp_timed_out"] + stack_counters(b)["tcp_timed_out"] >= 1

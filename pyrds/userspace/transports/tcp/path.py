@@ -7,6 +7,7 @@ incremented.
 
 from __future__ import annotations
 
+import errno
 import logging
 import selectors
 import socket
@@ -446,8 +447,10 @@ class TcpPath:
             data = s.recv(WRITE_CHUNK)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:
+        except OSError as exc:
             data = b""  # a reset: everything queued before it has been read
+            if exc.errno == errno.ETIMEDOUT:  # TCP_USER_TIMEOUT or keepalive: the peer stopped answering
+                counters["tcp_timed_out"] += 1
         if not data:
             self.lost()
             return
