@@ -138,6 +138,23 @@ class Node:
         self.sockets.clear()
 
 
+#: nstat counters that say why a TCP flow stopped moving (segments rejected, dropped, or given up on)
+_TCP_TROUBLE = re.compile(
+    r"^TcpExt(PAWS\w*|TCPACKSkipped\w*|TCPBacklogDrop|TCPZeroWindowDrop|TCPRcvQDrop|"
+    r"TCPTimeouts|TCPAbortOn\w*|TCPChallengeACK|TCPOFODrop|TCPMinTTLDrop|TCPSpuriousRtxHostQueues)\s+(\d+)"
+)
+
+
+def tcp_trouble(nstat_output: str) -> dict[str, int]:
+    """The non-zero :data:`_TCP_TROUBLE` counters of ``nstat -asz`` output."""
+    found: dict[str, int] = {}
+    for line in nstat_output.splitlines():
+        m = _TCP_TROUBLE.match(line)
+        if m and int(m.group(2)):
+            found[m.group(1)] = int(m.group(2))
+    return found
+
+
 class TwoNodes:
     """Node A and node B; build with :meth:`create`, always :meth:`destroy`."""
 
@@ -304,6 +321,10 @@ class TwoNodes:
                 port = str(node.tcp_port)
                 rds_tcp = f"( sport = :{port} or dport = :{port} )"
                 print(node.sh("ss", "-tnimoa", rds_tcp, check=False).stdout)
+                print(
+                    "  TCP drops and timeouts (nstat):",
+                    tcp_trouble(node.sh("nstat", "-asz", check=False).stdout),
+                )
                 for t in (InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS_INFO_TCP_SOCKETS):
                     for rec in sock.get_info(t):
                         print(f"  {t.name}: {rec}")

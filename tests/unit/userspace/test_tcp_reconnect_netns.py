@@ -84,6 +84,10 @@ def test_exactly_once_under_loss_and_repeated_resets(nodes, tmp_path, count: int
     except Exception:
         nodes.dump_state([a, b])
         raise
+    from pyrds.testing.topology import tcp_trouble
+
+    for n in (na, nb):  # in the log (-rP): what TCP went through on the way
+        print(f"{n.name}: {tcp_trouble(n.sh('nstat', '-asz', check=False).stdout)}")
     ka, kb = ra["me"], rb["me"]
     assert ra["recv_n"] == {kb: count} and rb["recv_n"] == {ka: count}
     assert ra["sent"][kb] == rb["recv"][ka], "A->B: loss, duplicate or reordering"
