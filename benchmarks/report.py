@@ -163,6 +163,9 @@ def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
             if data.get("percall")
             else []
         ),
+        *_fanin_section(data.get("fanin")),
+        *_many_section(data.get("many_sockets")),
+        *_memory_section(data.get("queued_memory")),
         f"![chart]({png.name}) - {how}",
         "",
     ]
@@ -248,3 +251,182 @@ def _stdlib_chart(png: Path, groups: list[list[list[float]]], w: int = 800, h: i
         + chunk(b"IDAT", zlib.compress(raw, 9))
         + chunk(b"IEND", b"")
     )
+
+
+# ------------------------------------------------------------------ fan-in, many sockets, queued memory
+# (newer sections: a results file without them renders the tables above unchanged plus a "not measured" line)
+
+
+def _not_measured(what: str, section: str) -> list[str]:
+    return [
+        f"Not measured: this results file has no {what} (measure them with `python benchmarks/run.py "
+        f"--sections {section} --merge`, or `--guest --sections {section}` inside a guest).",
+        "",
+    ]
+
+
+def _measured_line(sec: dict[str, Any]) -> list[str]:
+    line = f"Measured {sec.get('date', '?')} on {sec.get('machine', '?')}."
+    return [line, *([f"**Note:** {sec['note']}"] if sec.get("note") else []), ""]
+
+
+def _failed(r: dict[str, Any], width: int) -> list[str]:
+    return [f"failed: {r['error']}"] + ["-"] * width
+
+
+def _ratio(v: Any, base: Any) -> str:
+    return f"{v / base:.2f}x" if v and base else "-"
+
+
+def _fanin_section(sec: dict[str, Any] | None) -> list[str]:
+    out = ["## Fan-in: senders in separate processes -> 1 receiver (one-way, 1 KiB)", ""]
+    if not sec:
+        return out + _not_measured("fan-in rows", "fanin")
+    out += _measured_line(sec)
+    out += [
+        f"{sec.get('senders', '?')} sender processes in node A, one socket each, send 1 KiB messages one-way "
+        f"for {sec.get('seconds', '?')} s",
+        "to one socket in node B, whose process only reads and counts. The senders start together (one",
+        '"go" line once every socket is bound); a send that finds no space waits for it, as in',
+        "`pyrds stress --one-way`. **msgs/s** is what the receiver got, divided by the time from its first",
+        "to its last message; `vs stdlib kernel` is that rate against the `kernel<->kernel (stdlib)` fan-in",
+        "row. `sent` counts successful send calls; the senders keep their sockets open until the receiver",
+        "has been idle for 1 s, so sent = received unless messages were lost.",
+        "",
+        "| path | senders | sent | received | msgs/s received | MB/s | vs stdlib kernel |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = sec.get("rows") or []
+    base = next((r.get("msgs_per_s") for r in rows if r["scenario"] == BASE and not r.get("error")), None)
+    for r in rows:
+        cells = [r["scenario"], str(r.get("senders", sec.get("senders", "-")))]
+        if r.get("error") and not r.get("msgs_per_s"):
+            cells += _failed(r, 4)
+        else:
+            cells += [
+                _fmt(r.get("sent")),
+                _fmt(r.get("received")),
+                _fmt(r.get("msgs_per_s")),
+                _fmt(r.get("mb_per_s"), 2),
+                _ratio(r.get("msgs_per_s"), base),
+            ]
+            if r.get("error"):
+                cells[-1] += f" (error: {r['error']})"
+        out.append("| " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def _many_section(sec: dict[str, Any] | None) -> list[str]:
+    out = ["## Many sockets in one process (one-way, 1 KiB, round-robin)", ""]
+    if not sec:
+        return out + _not_measured("many-sockets rows", "many")
+    out += _measured_line(sec)
+    out += [
+        "One process in node A opens N RDS sockets, binds each to node A's address with port 0 (the",
+        "`ports` column counts the distinct ports bind chose), then sends 1 KiB messages one-way for "
+        f"{sec.get('seconds', '?')} s,",
+        "one socket after the other (a socket without send space is waited for), to one receiving socket",
+        "in node B. **open+bind** is the wall time of the N `socket()` + `bind()` calls (before them one",
+        "socket is opened and closed untimed, so a userspace stack service that had idled out starts",
+        "outside the timing); for userspace every socket is a control connection to the namespace's stack",
+        "service, so this is the service's per-socket cost as the application sees it. **msgs/s** is the",
+        "receiver's rate (first to last message), `vs stdlib kernel` against the stdlib kernel row of the",
+        f"same N. Soft RLIMIT_NOFILE of the benchmark processes in the guest: {sec.get('nofile', '?')}.",
+        "",
+        "| path | sockets | ports | open+bind s | per socket ms | msgs/s received | vs stdlib kernel |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = sec.get("rows") or []
+    base = {r["sockets"]: r.get("msgs_per_s") for r in rows if r["scenario"] == BASE and not r.get("error")}
+    order = {s: i for i, s in enumerate(dict.fromkeys(r["scenario"] for r in rows))}
+    for r in sorted(rows, key=lambda r: (order[r["scenario"]], r["sockets"])):
+        cells = [r["scenario"], str(r["sockets"])]
+        if r.get("error") and not r.get("msgs_per_s"):
+            cells += _failed(r, 4)
+        else:
+            ob = r.get("open_bind_s")
+            cells += [
+                _fmt(r.get("distinct_ports")),
+                _fmt(ob, 3),
+                _fmt(ob * 1000 / r["sockets"] if ob is not None and r["sockets"] else None, 2),
+                _fmt(r.get("msgs_per_s")),
+                _ratio(r.get("msgs_per_s"), base.get(r["sockets"])),
+            ]
+            if r.get("error"):
+                cells[-1] += f" (error: {r['error']})"
+        out.append("| " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def _per_msg(kb: Any, n: Any) -> str:
+    """kB growth as bytes per message."""
+    if kb is None or not n:
+        return "-"
+    return f"{kb * 1024 / n:,.0f}"
+
+
+def _memory_section(sec: dict[str, Any] | None) -> list[str]:
+    out = ["## Memory per queued message (receiver does not read; 1 KiB)", ""]
+    if not sec:
+        return out + _not_measured("queued-memory rows", "mem")
+    limit = sec.get("limit", "?")
+    sockbuf = sec.get("sockbuf")
+    out += _measured_line(sec)
+    out += [
+        "A fresh node pair per row. After 20 warm-up messages (sent and read, so the RDS connection",
+        "exists), the sender sends 1 KiB messages without waiting until the first EAGAIN or ENOBUFS, or",
+        f"{limit} messages; the receiving socket (SO_RCVBUF "
+        f"{_fmt(sockbuf / 1048576 if sockbuf else None)} MiB, like the sender's SO_SNDBUF) is not read.",
+        "Once its receive queue holds what was sent (or stood still for 3 s) the memory is read, then the",
+        "queue is read back. Columns:",
+        "",
+        "- **sent (stop)**: successful sends, and why sending stopped (`limit`: none failed).",
+        "- **queued**: messages in the receiving socket's queue at the measurement, from",
+        "  RDS_INFO_RECV_MESSAGES (the records of its address and port; kernel: read through another AF_RDS",
+        "  socket in the receiver's netns, userspace: the stack's table); **read back**: messages the",
+        "  receiver then read.",
+        "- **accounted B/msg**: growth of `recv_bytes_added_to_sock - recv_bytes_freed_fromsock`",
+        "  (RDS_INFO_COUNTERS) per queued message: the payload bytes charged against the socket's receive",
+        "  buffer. Both stacks charge the payload length only, so this is 1024 by construction: it checks",
+        "  the count, it is not a memory cost. The kernel's counters are the module's global per-CPU sums",
+        "  (not per netns); the userspace stack's are that node's.",
+        "- **service RSS B/msg** (userspace): growth of VmRSS (/proc/PID/status) of the receiving node's",
+        "  stack service (the one process whose cmdline has `pyrds.userspace.service` in that netns) per",
+        "  queued message: what the queue costs in the process that holds it. RSS counts pages touched, so",
+        "  free heap left from earlier work hides growth (hence the fresh pair: a new service that has only",
+        "  seen the 20 warm-up messages).",
+        "- **MemFree drop B/msg**: fall of MemFree (/proc/meminfo, the whole guest) per queued message;",
+        "  for the kernel this is the real cost of the queue (message structures, skbs or pages), for",
+        "  userspace it adds the kernel side (TCP buffers, page tables) to the RSS growth. Machine-wide, so",
+        "  anything else running moves it: **idle** is its change over 1 s before sending (same unit).",
+        "- **Slab growth B/msg**: growth of Slab (/proc/meminfo) per queued message, part of the MemFree",
+        "  drop.",
+        "- **after read-back**: RSS growth (userspace) and MemFree drop in kB against the baseline, after",
+        "  the queue was read: what was not given back.",
+        "",
+        "| path | receiver | sent (stop) | queued | read back | accounted B/msg | service RSS B/msg "
+        "| MemFree drop B/msg (idle) | Slab growth B/msg | after read-back kB (RSS / MemFree) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sec.get("rows") or []:
+        cells = [r["scenario"], str(r.get("receiver", "-"))]
+        if r.get("error") and not r.get("queued"):
+            cells += _failed(r, 7)
+        else:
+            n = r.get("queued")
+            idle = _per_msg(r.get("idle_memfree_drop_kb"), n)
+            rss_after = _fmt(r.get("rss_after_drain_kb"))
+            cells += [
+                f"{_fmt(r.get('sent'))} ({r.get('stop', '-')})",
+                _fmt(n),
+                _fmt(r.get("drained")),
+                f"{r['accounted_bytes'] / n:,.0f}" if r.get("accounted_bytes") is not None and n else "-",
+                _per_msg(r.get("rss_growth_kb"), n),
+                f"{_per_msg(r.get('memfree_drop_kb'), n)} ({idle})",
+                _per_msg(r.get("slab_growth_kb"), n),
+                f"{rss_after} / {_fmt(r.get('memfree_drop_after_drain_kb'))}",
+            ]
+            if r.get("error"):
+                cells[-1] += f" (error: {r['error']})"
+        out.append("| " + " | ".join(cells) + " |")
+    return out + [""]
