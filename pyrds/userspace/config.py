@@ -10,7 +10,8 @@ from typing import NamedTuple
 
 from pyrds.constants import RDS_RECONNECT_MAX_DELAY_MS, RDS_RECONNECT_MIN_DELAY_MS, RDS_TCP_PORT
 
-DEFAULT_STACK_NAME = "pyrds-stack-v3"  # v3: the values encoding replaced marshal
+#: v4: received messages pushed to a data channel (v3: the values encoding replaced marshal)
+DEFAULT_STACK_NAME = "pyrds-stack-v4"
 SOCK_MIN_SNDBUF = 4608  # 2 * (2048 + sizeof(struct sk_buff)) on x86_64
 SOCK_MIN_RCVBUF = 2304
 

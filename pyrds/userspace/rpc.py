@@ -13,6 +13,7 @@ bounded encoding of plain values; no foreign byte ever reaches ``marshal`` or ``
 - ``RECV`` request: :data:`RECV_REQ` (tag, bufsize, ancbufsize, flags, nonblock). Reply: :data:`RECV_REP`
   (code, msg_flags, source port, scope id, address length, ancillary length), the packed source address,
   ``values(ancdata)`` and the data.
+- ``CONSUMED`` notice: :data:`CONSUMED`, never answered (see ``service/datachannel.py``).
 - anything else: request ``values((op, args))``, reply ``values((errno, result))``. Such a record starts
   with a value tag (an ASCII letter), never a binary tag byte. Only plain values (ints, floats, bytes, str,
   tuples, lists, dicts, None) cross; int subclasses such as ``IntEnum``/``IntFlag`` travel as ``int``.
@@ -80,6 +81,19 @@ SEND_REP = struct.Struct("<iq")
 RECV_REQ = struct.Struct("<BqqiB")
 #: code, msg_flags, sport, scope_id, len(packed saddr) (0 = none), len(values(ancdata))
 RECV_REP = struct.Struct("<iiHIBI")
+#: a notice: the client read ``count`` pushed messages from its data channel; ``drained``: it then found the
+#: channel empty and emptied its readiness fd (the last message was the tail of the queue); ``reply``: answer
+#: it with a SEND_REP (the shared page asked for synchronous reads), else no reply
+TAG_CONSUMED = 0x03
+CONSUMED = struct.Struct("<BIBB")
+#: one pushed message on the data channel: data length, source port, scope id, len(packed saddr), tail
+#: (nothing else was readable when it was pushed), the packed source address (16 bytes, the first len used);
+#: then the data
+PUSH_HDR = struct.Struct("<IHIBB16s")
+#: size of the page a socket's service shares with the client (byte 0: report reads synchronously)
+SHARED_PAGE = 4096
+#: reply code of a RECV request: messages were pushed since the client looked; read the data channel first
+RETRY_PUSHED = 100001
 
 
 class ConnectionClosed(EOFError):

@@ -1,13 +1,18 @@
 """``RDSSocket``: the userspace backend's socket, a control connection to the namespace's stack service.
 
-The data path uses the binary SEND/RECV records of :mod:`pyrds.userspace.rpc`; every other call is one
-``(op, args)`` request. Blocking calls wait on the readiness fd (``fileno()``), never in the service.
+Received messages come without a request: the service pushes them into the socket's data channel (an
+AF_UNIX SOCK_SEQPACKET end, ``service/datachannel.py``), ``recv`` reads one there and tells the service with
+a CONSUMED notice it does not wait for. What the service cannot push (a message with ancillary data, one too
+large for the channel) is asked for with a binary RECV record; sends are binary SEND records; every other call
+is one ``(op, args)`` request. Blocking calls wait on the readiness fd (``fileno()``) and the data channel,
+never in the service.
 """
 
 from __future__ import annotations
 
 import errno
 import ipaddress
+import mmap
 import os
 import select
 import socket
@@ -40,6 +45,21 @@ _CONG_POLL = 0.005  # blocking send to a congested port re-checks this often (th
 _POLLIN = select.POLLIN
 _SEND_REQ = rpc.SEND_REQ
 _RECV_REQ = rpc.RECV_REQ
+_PUSH_HDR = rpc.PUSH_HDR
+_HDR_SIZE = rpc.PUSH_HDR.size
+_CONSUMED = rpc.CONSUMED
+_MSG_TRUNC = int(socket.MSG_TRUNC)
+_MSG_PEEK = int(socket.MSG_PEEK)
+_MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
+_local = threading.local()
+
+
+def _push_buffer(size: int) -> memoryview:
+    """This thread's buffer for one pushed message (it grows to the largest asked for)."""
+    buf: memoryview | None = getattr(_local, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = _local.buf = memoryview(bytearray(max(size, 65536 + _HDR_SIZE)))
+    return buf
 #: a bytes option value is shipped up to this length: no option reads more (the largest, RDS_GET_MR_FOR_DEST's
 #: struct, is 160 bytes; every length check is "< n" or "!= n" with n <= 160), as the kernel copies only the
 #: struct it needs from a longer optval, so a huge value behaves as on the kernel instead of failing to cross
@@ -103,6 +123,8 @@ def _refusal(ctl: socket.socket) -> int:
 def _raise(code: int, optlen: Any) -> None:
     if code == rpc.WAIT_CONG:
         raise OSError(rpc.WAIT_CONG, "destination congested")
+    if code == rpc.RETRY_PUSHED:
+        raise OSError(rpc.RETRY_PUSHED, "messages waiting in the data channel")
     exc = os_error(code)
     if optlen is not None:
         exc.optlen = optlen  # type: ignore[attr-defined]
@@ -125,13 +147,25 @@ class RDSSocket(RDSSocketBase):
         self._v6 = False
         fds: list[int] = []
         try:
-            self.sock_id = self._call(rpc.Op.OPEN, (), want_fds=1, fds_out=fds)
-            if not fds:  # the readiness fd was dropped: this process is out of descriptors (MSG_CTRUNC)
+            self.sock_id = self._call(rpc.Op.OPEN, (), want_fds=3, fds_out=fds)
+            if len(fds) < 3:  # an fd was dropped: this process is out of descriptors (MSG_CTRUNC)
                 raise os_error(errno.EMFILE)
+            #: the page the service shares with this socket (read-only): byte 0 = report reads synchronously
+            self._page = mmap.mmap(fds[2], rpc.SHARED_PAGE, mmap.MAP_SHARED, mmap.PROT_READ)
+            os.close(fds.pop())
         except BaseException:
+            for fd in fds:
+                os.close(fd)
             self._ctl.close()
             raise
         self._fd = fds[0]
+        # socket objects for MSG_DONTWAIT reads; settimeout(None): a default timeout set by the program
+        # (socket.setdefaulttimeout) made them non-blocking, and the readiness fd's flags are the user's
+        self._ready = socket.socket(fileno=fds[0])
+        self._ready.settimeout(None)
+        #: the data channel: pushed messages, read here (recv_into's C path)
+        self._data = socket.socket(fileno=fds[1])
+        self._data.settimeout(None)
 
     # -- RPC
     def _call(self, op: int, args: Any, want_fds: int = 0, fds_out: list[int] | None = None) -> Any:
@@ -196,10 +230,68 @@ class RDSSocket(RDSSocketBase):
             raise os_error(errno.EPIPE, "bad reply from the pyrds stack service") from None
         return data, anc, mflags, src
 
+    def _pushed(self, bufsize: int, flags: int) -> tuple[bytes, Any, int, Any] | None:
+        """One message from the data channel (None: it is empty). Not a peek: the service is told, and when
+        the message was the tail of the queue and the channel is now empty, the readiness fd is emptied here
+        (the service makes it true again if anything arrived meanwhile)."""
+        peek = flags & _MSG_PEEK
+        want = _HDR_SIZE + bufsize
+        buf = _push_buffer(want)
+        try:
+            n = self._data.recv_into(buf, want, _MSG_DONTWAIT | peek)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            raise os_error(errno.EPIPE, "the pyrds stack service went away") from None
+        if n < _HDR_SIZE:
+            raise os_error(errno.EPIPE, "bad message from the pyrds stack service")
+        dlen, port, scope, alen, tail, raw = _PUSH_HDR.unpack_from(buf)
+        data = bytes(buf[_HDR_SIZE:n])  # the kernel cut a longer message at our size
+        mflags = _MSG_TRUNC if dlen > bufsize else 0
+        src = _source(raw[:alen], port, scope)
+        if not peek:
+            self._consumed(tail)
+        return data, [], mflags, src
+
+    def _consumed(self, tail: bool) -> None:
+        drained = False
+        if tail and not self._poll(self._data.fileno(), 0):
+            # nothing else was readable when it was pushed, and nothing was pushed since: not readable now
+            drained = True
+            try:
+                while self._ready.recv(4096, _MSG_DONTWAIT):
+                    pass
+            except OSError:
+                pass
+        if self._page[0]:
+            # the read changes what other sockets see (a congested port uncongests, senders wake): as the
+            # kernel's recvmsg, return only once the stack has taken it
+            try:
+                self._fast([_CONSUMED.pack(rpc.TAG_CONSUMED, 1, drained, 1)])
+            except OSError:
+                pass  # closed, or the service went away: the message is the caller's all the same
+            return
+        with self._lock:
+            ctl = self._ctl
+            if ctl is None:
+                return
+            try:
+                ctl.send(b"\0" + _CONSUMED.pack(rpc.TAG_CONSUMED, 1, drained, 0))
+            except OSError:
+                pass  # the service went away: the next request says so
+
+    @staticmethod
+    def _poll(fd: int, timeout_ms: int) -> bool:
+        p = select.poll()
+        p.register(fd, _POLLIN)
+        return bool(p.poll(timeout_ms))
+
     def _wait(self, events: int, deadline: float | None) -> bool:
-        """poll() the readiness fd; False on timeout."""
+        """poll() the readiness fd (and, for input, the data channel); False on timeout."""
         p = select.poll()
         p.register(self._fd, events)
+        if events & _POLLIN:
+            p.register(self._data.fileno(), _POLLIN)
         while True:
             if deadline is None:
                 ms = -1
@@ -304,41 +396,47 @@ class RDSSocket(RDSSocketBase):
         blocking = self._timeout is None and not flags & socket.MSG_DONTWAIT
         deadline = self._deadline()
         fast = bufsize < 1 << 62 and ancbufsize < 1 << 62
-        # Nothing to read shows on the readiness fd (the service keeps its POLLIN exact): a non-blocking
-        # recv then fails with EAGAIN without a round trip; a blocking one waits before asking.
-        local = fast and not flags & socket.MSG_OOB
+        oob = flags & socket.MSG_OOB
         while True:
-            if timed:
+            if self._ctl is None:
+                raise os_error(errno.EBADF)
+            if timed and oob:  # CPython polls before the call: nothing readable is a timeout
                 if not self._wait(select.POLLIN, deadline):
                     raise TimeoutError("timed out")
-            elif local and not self._readable():
-                if not blocking:
-                    raise os_error(errno.EAGAIN)
-                self._wait(select.POLLIN, None)
-                continue
+            if not oob:
+                got = self._pushed(min(bufsize, RDS_MAX_MSG_SIZE), flags)
+                if got is not None:
+                    return got
+                # nothing pushed: anything else readable shows on the readiness fd (the service keeps its
+                # POLLIN true while it holds input); a non-blocking recv then fails with EAGAIN without a
+                # round trip, a blocking one waits before asking
+                if not self._readable():
+                    if not (blocking or timed):
+                        raise os_error(errno.EAGAIN)
+                    if not self._wait(select.POLLIN, deadline):
+                        raise TimeoutError("timed out")
+                    continue
             try:
                 if fast:
-                    data, anc, mflags, addr = self._recv_once(bufsize, ancbufsize, flags, not blocking)
-                else:
-                    args = (bufsize, ancbufsize, flags, not blocking)
-                    data, anc, mflags, src = self._call(rpc.Op.RECV, args)
-                    anc = [tuple(a) for a in anc]
-                    if src is not None:
-                        src = _source(ipaddress.ip_address(src[0]).packed, src[1], src[2])
-                    addr = src
-                return data, anc, mflags, addr
+                    return self._recv_once(bufsize, ancbufsize, flags, not blocking)
+                args = (bufsize, ancbufsize, flags, not blocking)
+                data, anc, mflags, src = self._call(rpc.Op.RECV, args)
+                anc = [tuple(a) for a in anc]
+                if src is not None:
+                    src = _source(ipaddress.ip_address(src[0]).packed, src[1], src[2])
+                return data, anc, mflags, src
             except OSError as exc:
+                if exc.errno == rpc.RETRY_PUSHED:
+                    continue  # pushed since we looked: read those first
                 if not (blocking or timed) or exc.errno != errno.EAGAIN:
                     raise
-                if blocking:
-                    self._wait(select.POLLIN, None)
+                if not self._wait(select.POLLIN, deadline):
+                    raise TimeoutError("timed out") from None
 
     def _readable(self) -> bool:
         if self._ctl is None:
             return True  # the request fails with EBADF
-        p = select.poll()
-        p.register(self._fd, _POLLIN)
-        return bool(p.poll(0))
+        return self._poll(self._fd, 0)
 
     # -- options (checked like the kernel backend before any request)
     def setsockopt(self, level: int, optname: int, value: int | bytes) -> None:
@@ -407,7 +505,9 @@ class RDSSocket(RDSSocketBase):
                 return
             self._ctl.close()
             self._ctl = None
-            os.close(self._fd)
+            self._ready.close()
+            self._data.close()
+            self._page.close()
 
     def __del__(self) -> None:
         try:

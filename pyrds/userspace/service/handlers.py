@@ -26,6 +26,7 @@ from pyrds.addr import IPAddress
 from pyrds.constants import SO_RCVBUFFORCE, SO_SNDBUFFORCE
 from pyrds.userspace import rpc
 from pyrds.userspace.config import SYSCTL_NON_NEGATIVE, PeerCred
+from pyrds.userspace.service.datachannel import DataChannel
 from pyrds.userspace.service.readiness import Readiness
 from pyrds.userspace.service.trust import has_cap_net_admin, may_administer
 from pyrds.userspace.stack import info_tables, sockopts
@@ -50,6 +51,8 @@ class Request:
     stop: Callable[[], None] | None = None
     #: the service's own figures for STATUS (client connections, start time), from the server
     service_status: Callable[[], dict[str, Any]] | None = None
+    #: called once the reply (and its fds) went out: the service closes its copies of handed-over fds
+    after_reply: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def sock(self) -> SockState:
@@ -66,10 +69,13 @@ def _ip(s: str) -> IPAddress:
 
 
 def _open(req: Request, _args: Any) -> int:
+    """A new RDS socket: its readiness fd and its data channel (service/datachannel.py) go to the client."""
     if req.rs is None:
-        req.rs = req.stack.open()
-        ready = req.rs.readiness = Readiness()
-        req.fds.append(ready.client_fd())
+        rs = req.rs = req.stack.open()
+        ready = rs.readiness = Readiness()
+        channel = rs.push = DataChannel()
+        req.fds.extend((ready.client_fd(), *channel.client_fds()))
+        req.after_reply.append(channel.handed_over)
     return req.rs.sock_id
 
 

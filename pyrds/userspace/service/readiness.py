@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import select
 import socket
+import struct
 
 _NB = socket.MSG_DONTWAIT
 _STUCK = 16384  # bytes parked in A (B's window is closed): tcp_poll's writability follows A's SO_SNDBUF
 _BIG_SNDBUF = 1 << 20  # capped by net.core.wmem_max; far above the parked bytes
 _TIMEOUT = 2.0
+#: struct tcp_info: tcpi_bytes_received (u64) at offset 128 (linux/tcp.h, since 4.1)
+_TCPI_BYTES_RECEIVED = struct.Struct("=Q")
+_TCPI_BYTES_RECEIVED_OFF = 128
+_TCPI_LEN = 136
 
 _tcp_broken = False
 
@@ -97,6 +102,8 @@ class Readiness:
             self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # clamps to SOCK_MIN_SNDBUF
         self.readable = False
         self.writable = True
+        #: bytes sent into B (A's tcpi_bytes_received reaches it once they all arrived)
+        self.sent = 0
 
     def client_fd(self) -> int:
         return self.a.fileno()
@@ -108,8 +115,9 @@ class Readiness:
         try:
             if flag:
                 self.b.send(b"r", _NB)
+                self.sent += 1
                 if self.tcp and not _poll(self.a, select.POLLIN, 0):
-                    _poll(self.a, select.POLLIN, 100)  # loopback delivery deferred to ksoftirqd
+                    self._await_delivery()  # loopback delivery deferred to ksoftirqd
             else:
                 while self.a.recv(4096, _NB):
                     pass
@@ -117,6 +125,28 @@ class Readiness:
             pass
         except OSError:
             pass
+
+    def _await_delivery(self) -> None:
+        """Wait (at most ~100 ms) until A's TCP has received every byte sent into B. Not POLLIN on A: the
+        client may have read the byte already (it empties A after reading the tail of its data channel), so
+        the test is A's byte count (tcpi_bytes_received), not its poll state."""
+        deadline = 20
+        while deadline > 0 and not _poll(self.a, select.POLLIN, 0):
+            try:
+                info = self.a.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_LEN)
+                received = _TCPI_BYTES_RECEIVED.unpack_from(info, _TCPI_BYTES_RECEIVED_OFF)[0]
+            except (OSError, struct.error):
+                received = -1  # no byte count: wait for POLLIN as before
+            if received >= self.sent:
+                return
+            _poll(self.a, select.POLLIN, 5)
+            deadline -= 1
+
+    def client_drained(self, readable: bool) -> None:
+        """The client emptied A itself (it read the tail of the queue from its data channel): whatever this
+        side last did, make A's POLLIN say ``readable`` now."""
+        self.readable = not readable
+        self.set_readable(readable)
 
     def set_writable(self, flag: bool) -> None:
         if flag == self.writable:

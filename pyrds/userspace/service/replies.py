@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from pyrds.userspace import rpc
-from pyrds.userspace.stack.errors import MustWait, StackError
+from pyrds.userspace.stack.errors import MustWait, PushedFirst, StackError
 
 __all__ = ["error_reply"]
 
@@ -19,6 +19,8 @@ def error_reply(exc: Exception) -> tuple[int, Any]:
     logged."""
     if isinstance(exc, MustWait):
         return rpc.WAIT_CONG, None
+    if isinstance(exc, PushedFirst):
+        return rpc.RETRY_PUSHED, None
     if isinstance(exc, StackError):
         return int(exc.code), rpc.plain(exc.args[1]) if len(exc.args) > 1 else None
     if isinstance(exc, OSError) and exc.errno:

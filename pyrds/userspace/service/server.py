@@ -1,6 +1,6 @@
 """The stack service: one per network namespace, serving RDS sockets over AF_UNIX control connections.
 
-It binds the abstract socket ``\\0pyrds-stack-v3`` (``PYRDS_STACK_NAME`` overrides it) and serves until it
+It binds the abstract socket ``\\0pyrds-stack-v4`` (``PYRDS_STACK_NAME`` overrides it) and serves until it
 has been idle (no clients, no established RDS/TCP connection) for ``PYRDS_IDLE_EXIT`` seconds (default 5;
 negative = forever). The data path (binary SEND/RECV records) is served here; every other operation goes
 through the table in :mod:`pyrds.userspace.service.handlers`. :class:`Service` can also run embedded (e.g. in
@@ -89,6 +89,7 @@ class Service:
         self.started = time.time()
         self._rbuf = memoryview(bytearray(rpc.MAX_PACKET + 1))
         self._spare = SpareFd()  # accept-and-refuse at EMFILE (resources.SpareFd)
+        self._settling = False
         self.stack.attach(loop_transport(self.stack))
 
     # -- lifetime
@@ -238,6 +239,11 @@ class Service:
                 record = ctl.asm.feed(buf[:n])
                 if record is None:
                     continue
+                if len(record) and record[0] == rpc.TAG_CONSUMED:
+                    self._consumed(ctl, record)  # a notice: a request may follow it at once
+                    if record[-1]:
+                        return  # answered: the client waits, nothing follows
+                    continue
                 self._handle(ctl, record)
                 # one request at a time per control connection (the client waits for each reply): no
                 # point in another recv that would only say EAGAIN
@@ -251,6 +257,34 @@ class Service:
                 self._drop(ctl)
                 return
 
+    def _consumed(self, ctl: _Control, record: rpc.Buffer) -> None:
+        """A CONSUMED notice (answered only when it asks: the client's recv then waits for it). A malformed
+        one, or one claiming more than was pushed, drops this connection (struct.error / OSError reach
+        :meth:`_on_control`): only the client that sent it loses."""
+        _tag, count, drained, reply = rpc.CONSUMED.unpack(record)
+        if ctl.rs is None:
+            raise OSError(errno.EBADF, "CONSUMED before OPEN")
+        try:
+            self.stack.consume(ctl.rs, count, bool(drained))
+        except StackError as exc:
+            raise OSError(exc.code, "CONSUMED more than was pushed") from None
+        if reply:
+            rpc.send_parts(ctl.sock, [rpc.SEND_REP.pack(0, count)], ctl.limit)
+
+    def _settle(self, asking: _Control) -> None:
+        """Before a request that reads stack-wide state (info tables, counters, options): take the CONSUMED
+        notices other clients already sent, so what they read shows (their recv returned before this
+        request was made; the kernel's accounting is done by then)."""
+        if self._settling:
+            return
+        self._settling = True
+        try:
+            for other in list(self._controls.values()):
+                if other is not asking and other.rs is not None and other.rs.pushed:
+                    self._on_control(other)
+        finally:
+            self._settling = False
+
     def _handle(self, ctl: _Control, record: rpc.Buffer) -> None:
         """One request: dispatch it, send the reply (errors as their errno, never a dropped connection)."""
         tag = record[0] if len(record) else -1
@@ -261,7 +295,9 @@ class Service:
             self._fast_recv(ctl, record)
             return
         request = rpc.decode(record)  # ConnectionClosed (malformed): the caller drops this connection only
+        self._settle(ctl)
         req = Request(self.stack, ctl.rs, peer=ctl.peer, stop=self.stop, service_status=self._status)
+        self.stack.hold_pushes()
         try:
             if not (isinstance(request, tuple) and len(request) == 2 and type(request[0]) is int):
                 raise StackError(errno.EINVAL)  # well-formed values, but not (op, args)
@@ -275,7 +311,12 @@ class Service:
         except (TypeError, ValueError, OverflowError) as exc:  # a result with no plain-value form: a bug here
             log.error("unencodable reply to op %r: %s", request, exc)
             raw = rpc.encode((errno.EIO, None))
-        rpc.send_record(ctl.sock, raw, req.fds, ctl.limit)
+        try:
+            rpc.send_record(ctl.sock, raw, req.fds, ctl.limit)
+        finally:
+            self.stack.release_pushes()
+            for done in req.after_reply:
+                done()
 
     def _fast_send(self, ctl: _Control, record: rpc.Buffer) -> None:
         view = memoryview(record)
@@ -288,8 +329,10 @@ class Service:
             off += dlen
             anc = rpc.decode(view[off : off + alen]) if alen else ()
             payload = bytes(view[off + alen :])  # the one copy: Outgoing keeps it (bytes(bytes) is free)
+            self._settle(ctl)  # a local receiver's reads count before its port's congestion is tested
             if rs is None:
                 raise StackError(errno.EBADF)
+            self.stack.hold_pushes()
             n = self.stack.sendmsg(rs, payload, anc, flags, dest, bool(nonblock), outbox)
             reply = rpc.SEND_REP.pack(0, n)
         except Exception as exc:
@@ -297,6 +340,7 @@ class Service:
         try:
             rpc.send_parts(ctl.sock, [reply], ctl.limit)
         finally:  # queued and accounted: it goes out even when the client is gone; never raises
+            self.stack.release_pushes()
             outbox.flush(self.stack.transmit_failed)
 
     def _fast_recv(self, ctl: _Control, record: rpc.Buffer) -> None:

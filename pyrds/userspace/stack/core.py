@@ -22,7 +22,7 @@ from pyrds.userspace.proto.cong import CongestionMap, next_congested_state
 from pyrds.userspace.stack import ancillary
 from pyrds.userspace.stack.congestion import CongestionTable
 from pyrds.userspace.stack.counters import new_counters
-from pyrds.userspace.stack.errors import MustWait, StackError
+from pyrds.userspace.stack.errors import MustWait, PushedFirst, StackError
 from pyrds.userspace.stack.outbox import Outbox
 from pyrds.userspace.stack.ports import PortSpace, is_local, is_loopback, normalize
 from pyrds.userspace.stack.resources import RECV_MSG_OVERHEAD, recv_cap, release_memory
@@ -58,6 +58,8 @@ class Stack:
         self.transports: list[StackTransport] = []
         self._next_id = 1
         self._local_cache: dict[IPAddress, tuple[bool, float]] = {}
+        #: receivers of local deliveries made while a request is served (:meth:`hold_pushes`)
+        self._held: dict[int, SockState] | None = None
 
     # -- helpers
     def is_local(self, ip: IPAddress, scope_id: int = 0) -> bool:
@@ -125,6 +127,7 @@ class Stack:
         for inc in list(rs.recv_queue):
             self._rcvbuf_delta(rs, -len(inc.payload))
         rs.recv_queue.clear()
+        rs.pushed = 0
         rs.rcv_charge = 0
         self._resume_readers(rs)
         self.cong.remove_socket(rs)
@@ -137,6 +140,9 @@ class Stack:
         if rs.readiness is not None:
             rs.readiness.close()
             rs.readiness = None
+        if rs.push is not None:
+            rs.push.close()
+            rs.push = None
         if big:
             release_memory()
 
@@ -356,8 +362,70 @@ class Stack:
             inc.rx_tstamp_ns = time.time_ns()
         inc.lat = (inc.lat[0], inc.lat[1], time.monotonic_ns(), 0)
         rs.recv_queue.append(inc)
+        held = self._held
+        if held is not None:
+            held[rs.sock_id] = rs  # a sender's request is being served: after its reply (:meth:`hold_pushes`)
+        elif rs.push is not None:
+            self.push_ready(rs)  # into the data channel before the readiness fd says readable
         rs.update_readiness()
         return rs.rcv_charge < recv_cap(rs.rcvbuf)
+
+    def hold_pushes(self) -> None:
+        """Until :meth:`release_pushes`, local deliveries are not pushed: no receiver reads a message before
+        its sender was told it was sent (a service killed in between then leaves no message read that was
+        never sent). The receiver is readable at once, as the kernel's is when sendto returns: a recv then
+        asks the service, which answers only after the reply and the push (PushedFirst: read them)."""
+        self._held = {}
+
+    def release_pushes(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            for rs in held.values():
+                if not rs.dead:
+                    self.push_ready(rs)
+                    rs.update_readiness()
+
+    def push_ready(self, rs: SockState) -> None:
+        """Push the queued messages the client has not been given yet, in order, while the socket may push
+        (:meth:`SockState.may_push`) and the channel takes them; stops at the first message too large for it
+        (served by request once the pushed ones are read)."""
+        sink = rs.push
+        queue = rs.recv_queue
+        if sink is None or rs.pushed >= len(queue) or not rs.may_push():
+            return
+        while rs.pushed < len(queue):
+            inc = queue[rs.pushed]
+            if not inc.pushable or len(inc.payload) > sink.max_payload:
+                return
+            tail = rs.pushed + 1 == len(queue) and not rs.hist_pollin()
+            if not sink.push(inc.saddr.packed, inc.sport, rs.scope_id, inc.payload, tail):
+                return
+            rs.pushed += 1
+
+    def consume(self, rs: SockState, count: int, drained: bool) -> None:
+        """The client read ``count`` pushed messages from its data channel (a CONSUMED notice): recvmsg's
+        accounting for each, then push what waits; ``drained``: the client emptied its readiness fd.
+        StackError(EINVAL) when it claims more than was pushed (nothing is changed)."""
+        if not 0 < count <= rs.pushed:
+            raise StackError(errno.EINVAL)
+        self.cong.look(rs)
+        for _ in range(count):
+            self._dequeue(rs)
+        rs.pushed -= count
+        self.counters["recv_delivered"] += count
+        self.counters["copy_to_user"] += count
+        self.push_ready(rs)
+        if drained:
+            rs.resync_readiness()
+        rs.update_readiness()
+
+    def _dequeue(self, rs: SockState) -> Incoming:
+        inc = rs.recv_queue.popleft()
+        self._rcvbuf_delta(rs, -len(inc.payload))
+        rs.rcv_charge -= len(inc.payload) + RECV_MSG_OVERHEAD
+        if rs.rcv_waiters and rs.rcv_charge <= recv_cap(rs.rcvbuf) // 2:
+            self._resume_readers(rs)
+        return inc
 
     def receiver_full(self, daddr: IPAddress, dport: int) -> bool:
         """The socket bound at (``daddr``, ``dport``) holds a receive queue over its cap."""
@@ -376,11 +444,13 @@ class Stack:
             return False
         rs.rcv_waiters[key] = resume
         self.counters["recv_cap_hold"] += 1
+        rs.sync_reads()
         return True
 
     def _resume_readers(self, rs: SockState) -> None:
         waiters = list(rs.rcv_waiters.values())
         rs.rcv_waiters.clear()
+        rs.sync_reads()
         for resume in waiters:
             resume()
 
@@ -402,6 +472,7 @@ class Stack:
         if now != rs.congested:
             rs.congested = now
             self.cong.set_local(rs.bound_addr, rs.bound_port, now)
+            rs.sync_reads()
 
     def _local_map_changed(self, laddr: IPAddress) -> None:
         self.counters["cong_update_queued"] += 1
@@ -422,6 +493,8 @@ class Stack:
                 rs.cong_notify &= ~notify
             rs.update_readiness()
             return b"", out.items, out.msg_flags, None
+        if rs.pushed:
+            raise PushedFirst()
         if not rs.recv_queue:
             if rs.zcookies and out.put_zcookies(rs):
                 rs.update_readiness()
@@ -433,14 +506,12 @@ class Stack:
         if len(data) < len(inc.payload):
             msg_flags |= MSG_TRUNC
         if not flags & MSG_PEEK:
-            rs.recv_queue.popleft()
-            self._rcvbuf_delta(rs, -len(inc.payload))
-            rs.rcv_charge -= len(inc.payload) + RECV_MSG_OVERHEAD
-            if rs.rcv_waiters and rs.rcv_charge <= recv_cap(rs.rcvbuf) // 2:
-                self._resume_readers(rs)
+            self._dequeue(rs)
         out.put_recv(rs, inc)
         out.put_zcookies(rs)
         self.counters["recv_delivered"] += 1
         self.counters["copy_to_user"] += 1
+        if rs.push is not None:
+            self.push_ready(rs)
         rs.update_readiness()
         return data, out.items, msg_flags | out.msg_flags, (str(inc.saddr), inc.sport, rs.scope_id)

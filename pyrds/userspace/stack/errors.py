@@ -8,7 +8,7 @@ wait (the kernel sleeps in ``rds_cong_wait``); the service tells the client to r
 
 from __future__ import annotations
 
-__all__ = ["MustWait", "StackError"]
+__all__ = ["MustWait", "PushedFirst", "StackError"]
 
 
 class StackError(Exception):
@@ -21,3 +21,8 @@ class StackError(Exception):
 
 class MustWait(Exception):
     """A blocking send to a congested port: the sender waits for the port to clear, then tries again."""
+
+
+class PushedFirst(Exception):
+    """A RECV request while messages the client has not read wait in its data channel (pushed after it last
+    looked): it reads those first, in order, then asks again."""

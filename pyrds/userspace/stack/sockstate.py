@@ -20,6 +20,18 @@ class ReadinessSink(Protocol):
 
     def set_readable(self, flag: bool) -> None: ...
     def set_writable(self, flag: bool) -> None: ...
+    def client_drained(self, readable: bool) -> None: ...
+    def close(self) -> None: ...
+
+
+class PushSink(Protocol):
+    """Where received messages go without a request: the client's data channel (service/datachannel.py)."""
+
+    #: the largest payload one push carries; larger messages are served by request
+    max_payload: int
+
+    def push(self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool) -> bool: ...
+    def set_sync(self, flag: bool) -> None: ...
     def close(self) -> None: ...
 
 
@@ -46,6 +58,8 @@ class Incoming:
     rx_tstamp_ns: int = 0
     #: local_clock() (ns) at the trace points HDR_TO_DGRAM_START, DGRAM_REASSEMBLE, DGRAM_DELIVERED, END
     lat: tuple[int, int, int, int] = (0, 0, 0, 0)
+    #: may go to the reader's data channel (False: served by request; RDS/TCP, see tcp/path.py PUSH_FROM_TCP)
+    pushable: bool = True
 
 
 @dataclass(slots=True)
@@ -102,6 +116,10 @@ class SockState:
     zcookies: deque[list[int]] = field(default_factory=deque)
     rx_traces: tuple[int, ...] = ()
     readiness: ReadinessSink | None = None
+    #: the client's data channel (None: every message is served by request)
+    push: PushSink | None = None
+    #: how many messages at the head of ``recv_queue`` were pushed and not yet reported consumed
+    pushed: int = 0
     dead: bool = False
     sent_any: bool = False  # rs_conn set (a message was sent)
 
@@ -133,6 +151,28 @@ class SockState:
         Only sockets that saw congestion show it on the fd (those are the pollers the kernel wakes through
         rds_poll_waitq); it is consumed by the socket's next send/recv (:meth:`CongestionTable.look`)."""
         return not self.cong_monitor and self.seen_congestion and self.cong_updated_since()
+
+    def may_push(self) -> bool:
+        """Received messages may go to the data channel: nothing a recvmsg would add to them or serve before
+        them (timestamps, rx path latency, zerocopy completions, congestion notifications)."""
+        return (
+            self.push is not None
+            and not self.dead
+            and not (self.timestamp or self.rx_traces or self.zerocopy or self.cong_monitor)
+            and not (self.cong_notify or self.zcookies)
+        )
+
+    def sync_reads(self) -> None:
+        """Tell the client whether its reads change what others see at once (congested port, a transport
+        waiting for this queue to drain): then it reports each read before its recv returns."""
+        if self.push is not None:
+            self.push.set_sync(self.congested or bool(self.rcv_waiters))
+
+    def resync_readiness(self) -> None:
+        """The client emptied the readiness fd after reading the tail of the queue: make it true again."""
+        r = self.readiness
+        if r is not None:
+            r.client_drained(self.has_input() or self.hist_pollin())
 
     def update_readiness(self) -> None:
         r = self.readiness

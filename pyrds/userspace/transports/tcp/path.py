@@ -47,6 +47,12 @@ CLOSE_TIMEOUT = 5.0  # graceful close: give up waiting for the peer's FIN
 WRITE_CHUNK = 256 * 1024
 #: reads after the first that :func:`_acked_read` makes at most to get the receive queue empty for the ACK
 ACK_READS = 4
+#: Messages from RDS/TCP go to their reader's data channel (service/datachannel.py) without a request. Off:
+#: with it on, test_restart_netns[receiver] saw one message delivered twice (read by the killed node's reader,
+#: then resent by the survivor to the restarted node) in 6 of 11 runs, even when only messages of reads that
+#: ended with the ACK sent (:func:`_acked_read` True) were pushed; with it off, 0 of 6. Why the survivor
+#: resends a message whose bytes our TCP acked is not understood yet (docs/userspace.md, "Restart").
+PUSH_FROM_TCP = False
 #: pongs a path holds unacked at most (a peer that pings without reading the pongs): more pings go unanswered
 PONG_MAX = 8192
 
@@ -311,7 +317,7 @@ class TcpPath:
                 return
             if not data:
                 return
-            data = _acked_read(self.sock, data)
+            data, _acked = _acked_read(self.sock, data)
             if not self._feed(data):
                 return
             self._hold_for_full()
@@ -455,7 +461,7 @@ class TcpPath:
             self.lost()
             return
         # acked before anything read here can reach a reader (docs/userspace.md, "Restart")
-        data = _acked_read(s, data)
+        data, _acked = _acked_read(s, data)
         if self._feed(data):
             self._hold_for_full()
             if not self.confirmed:
@@ -537,17 +543,20 @@ class TcpPath:
         match ev:
             case MessageReceived(header=h, payload=payload):
                 now = time.monotonic_ns()
+                inc = Incoming(
+                    self.conn.faddr,
+                    self.conn.laddr,
+                    h.sport,
+                    h.dport,
+                    payload,
+                    h.sequence,
+                    0,
+                    lat=(now, now, now, 0),
+                    # served by request, not pushed: see PUSH_FROM_TCP
+                    pushable=PUSH_FROM_TCP,
+                )
                 room = host.deliver(
-                    Incoming(
-                        self.conn.faddr,
-                        self.conn.laddr,
-                        h.sport,
-                        h.dport,
-                        payload,
-                        h.sequence,
-                        0,
-                        lat=(now, now, now, 0),
-                    )
+                    inc
                 )
                 if not room:
                     self._full.append((self.conn.laddr, h.dport))
@@ -570,8 +579,9 @@ class TcpPath:
                 assert_never(ev)
 
 
-def _acked_read(s: socket.socket, data: bytes) -> bytes:
-    """``data`` just read from ``s``, plus whatever more it takes until our TCP has acked all of it.
+def _acked_read(s: socket.socket, data: bytes) -> tuple[bytes, bool]:
+    """``data`` just read from ``s``, plus whatever more it takes until our TCP has acked all of it; and
+    whether it did (False: the receive queue was still not empty, so the ACK for the last bytes may wait).
 
     TCP_QUICKACK (:func:`ack_now`) sends the pending ACK only when the read left the receive queue empty
     (``tcp_cleanup_rbuf``: ``!sk_rmem_alloc``) or more than one MSS is unacked; a segment that arrived after
@@ -581,8 +591,12 @@ def _acked_read(s: socket.socket, data: bytes) -> bytes:
     reads; a peer that keeps the queue full acks on the MSS rule anyway)."""
     ack_now(s)
     more: list[bytes] = []
-    for _ in range(ACK_READS):
+    acked = False
+    for _ in range(ACK_READS + 1):
         if not unread_bytes(s):
+            acked = True
+            break
+        if len(more) == ACK_READS:
             break
         try:
             chunk = s.recv(WRITE_CHUNK, socket.MSG_DONTWAIT)
@@ -592,7 +606,7 @@ def _acked_read(s: socket.socket, data: bytes) -> bytes:
             break
         more.append(chunk)
         ack_now(s)
-    return data + b"".join(more) if more else data
+    return (data + b"".join(more) if more else data), acked
 
 
 def _connected(s: socket.socket) -> bool:

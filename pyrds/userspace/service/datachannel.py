@@ -1,0 +1,122 @@
+"""The data channel: received messages pushed to the client's own descriptor (service side).
+
+Each RDS socket of a client gets, besides its readiness fd, one end of an AF_UNIX ``SOCK_SEQPACKET`` pair.
+The service writes every received message the client may read without asking (:meth:`Stack.push_ready`) as
+one packet: :data:`pyrds.userspace.rpc.PUSH_HDR` (data length, source port, scope id, address length, a
+``tail`` flag, the packed source address), then the payload. The client's ``recv`` is then a local read of
+its end; it reports what it consumed with a ``CONSUMED`` record on the control connection, without waiting
+(the stack's receive accounting, congestion map and counters follow it).
+
+The client's reads are reported asynchronously, except while they change what other sockets see at once
+(the kernel's recvmsg uncongests the port and wakes senders before it returns): while the socket's port is
+congested or a transport waits for its queue to drain, the service sets byte 0 of a page it shares with the
+client (a sealed memfd the client maps read-only) and the client then waits for the service to take its
+CONSUMED notice before its recv returns.
+
+Packets from the client on this pair are refused (the service end is shut for reading: the client's write
+fails with EPIPE), so the only bytes that cross come from the service. The service never blocks on it: a
+full channel (the client does not read) leaves the rest in the stack's receive queue until it has room.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import socket
+
+from pyrds.userspace import rpc
+
+#: asked for the service end's send buffer (SO_SNDBUFFORCE when privileged, else SO_SNDBUF capped by
+#: net.core.wmem_max); the kernel doubles it. A message larger than what the buffer takes in one packet
+#: stays for the request/reply path.
+WANT_SNDBUF = 3 << 20
+#: unix_dgram_sendmsg refuses len > sk_sndbuf - 32; the largest record we try is below that
+_MARGIN = 64
+_HDR = rpc.PUSH_HDR
+#: the shared page: byte 0 is 1 while the client must report its reads synchronously
+SHARED_SIZE = rpc.SHARED_PAGE
+_F_SEAL_FUTURE_WRITE = 0x0010  # linux/fcntl.h; not in the stdlib's fcntl
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | _F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL
+
+
+def _shared_page() -> tuple[int, mmap.mmap]:
+    """A memfd the client may only read: sealed against resizing (a shrunk file would fault the service's
+    writes) and against any new writable mapping (the service's own stays writable)."""
+    fd = os.memfd_create("pyrds-socket", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, SHARED_SIZE)
+        page = mmap.mmap(fd, SHARED_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+        except BaseException:
+            page.close()
+            raise
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, page
+
+
+class DataChannel:
+    def __init__(self) -> None:
+        self.srv, self.cli = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.page_fd = -1
+        self.page: mmap.mmap | None = None
+        self.sync = False
+        try:
+            self.page_fd, self.page = _shared_page()
+            self.srv.setblocking(False)
+            try:
+                self.srv.setsockopt(socket.SOL_SOCKET, 32, WANT_SNDBUF)  # SO_SNDBUFFORCE
+            except OSError:
+                self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, WANT_SNDBUF)
+            self.srv.shutdown(socket.SHUT_RD)
+            sndbuf = self.srv.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        except BaseException:
+            self.close()
+            raise
+        #: the largest payload one packet carries
+        self.max_payload = max(0, sndbuf - _MARGIN - rpc.PUSH_HDR.size)
+
+    def client_fds(self) -> tuple[int, int]:
+        """The client's end of the channel and the shared page's memfd."""
+        return self.cli.fileno(), self.page_fd
+
+    def handed_over(self) -> None:
+        """The client has its end and the page (SCM_RIGHTS sent): the service's copies are closed."""
+        self.cli.close()
+        if self.page_fd >= 0:
+            os.close(self.page_fd)
+            self.page_fd = -1
+
+    def set_sync(self, flag: bool) -> None:
+        """Byte 0 of the shared page: the client reports its reads synchronously while it is 1."""
+        if flag != self.sync and self.page is not None:
+            self.sync = flag
+            self.page[0] = 1 if flag else 0
+
+    def push(self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool) -> bool:
+        """One message to the client; False when the channel has no room now (nothing was sent)."""
+        head = _HDR.pack(len(payload), sport, scope_id, len(saddr), tail, saddr)
+        try:
+            self.srv.sendmsg([head, payload], [], socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.EMSGSIZE, errno.ENOBUFS, errno.ENOMEM):
+                return False
+            # EPIPE/ECONNRESET: the client closed its end; its control connection goes next
+            return False
+        return True
+
+    def close(self) -> None:
+        self.srv.close()
+        self.cli.close()
+        if self.page_fd >= 0:
+            os.close(self.page_fd)
+            self.page_fd = -1
+        if self.page is not None:
+            self.page.close()
+            self.page = None
