@@ -14,7 +14,6 @@ import random
 import signal
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,20 +23,6 @@ from pyrds.userspace.proto.pathset import dial_port
 from pyrds.userspace.transports.tcp.conn import PROOF_DELAY
 
 pytestmark = pytest.mark.netns
-
-
-@pytest.fixture
-def nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    monkeypatch.delenv("PYRDS_TCP_PORT", raising=False)  # the stacks live in their own namespaces: port 16385
-    from pyrds.testing.topology import TwoNodes
-
-    pair = TwoNodes.create(["userspace", "userspace"])
-    try:
-        yield pair
-    finally:
-        pair.destroy()
 
 
 def forged(seq: int, sport: int, dport: int, payload: bytes) -> bytes:
@@ -103,15 +88,17 @@ def kill_service(node: Any) -> None:
     raise AssertionError(f"stack service {pid} still running")
 
 
-def test_forged_path_connections_are_not_delivered_and_reconnects_still_work(nodes: Any) -> None:
-    a, b = nodes.bound_pair()
+def test_forged_path_connections_are_not_delivered_and_reconnects_still_work(
+    userspace_netns_pair: Any,
+) -> None:
+    a, b = userspace_netns_pair.bound_pair()
     a_port, b_addr = a.getsockname()[1], b.getsockname()
     a.sendto(b"warm-up", b_addr)  # the handshake is done by now; let the owner bring its other paths up
     expect(b, b"warm-up")
     time.sleep(1.0)
     forgers = []
     for index in range(8):
-        s = dial_as_path(nodes, index)
+        s = dial_as_path(userspace_netns_pair, index)
         s.sendall(forged(1000 + index, a_port, b_addr[1], b"forged-%d" % index))
         forgers.append(s)
     time.sleep(0.5)
@@ -126,15 +113,15 @@ def test_forged_path_connections_are_not_delivered_and_reconnects_still_work(nod
             assert s.recv(65536) == b"", "a forged connection was read or kept"
         s.close()
     # genuine reconnects: the acceptor's, the owner's, and the owner's service restarted
-    for n, node in enumerate((nodes.b, nodes.a)):
+    for n, node in enumerate((userspace_netns_pair.b, userspace_netns_pair.a)):
         node.force_reconnect()
         a.sendto(b"after-reset-%d" % n, b_addr)
         expect(b, b"after-reset-%d" % n)
-    kill_service(nodes.a)
+    kill_service(userspace_netns_pair.a)
     for attempt in range(50):  # the agent's next socket starts a new service
         try:
-            a2 = nodes.a.socket()
-            a2.bind((nodes.a.addr4, 0))
+            a2 = userspace_netns_pair.a.socket()
+            a2.bind((userspace_netns_pair.a.addr4, 0))
             break
         except OSError:
             if attempt == 49:
@@ -145,17 +132,19 @@ def test_forged_path_connections_are_not_delivered_and_reconnects_still_work(nod
     nothing_more(b)
 
 
-def test_forged_connection_waiting_for_a_path_is_not_delivered_after_the_path_goes_down(nodes: Any) -> None:
+def test_forged_connection_waiting_for_a_path_is_not_delivered_after_the_path_goes_down(
+    userspace_netns_pair: Any,
+) -> None:
     """A forger that keeps its connection open while the genuine path lives, then the path is reset: the
     waiting connection was refused before (the live path proved alive), so the re-dialled path carries
     only the genuine messages."""
-    a, b = nodes.bound_pair()
+    a, b = userspace_netns_pair.bound_pair()
     a_port, b_addr = a.getsockname()[1], b.getsockname()
     time.sleep(1.0)
-    s = dial_as_path(nodes, 0)
+    s = dial_as_path(userspace_netns_pair, 0)
     s.sendall(forged(5000, a_port, b_addr[1], b"forged"))
     time.sleep(PROOF_DELAY + 1.5)
-    nodes.b.force_reconnect()
+    userspace_netns_pair.b.force_reconnect()
     a.sendto(b"genuine", b_addr)
     expect(b, b"genuine")
     nothing_more(b, 2.0)

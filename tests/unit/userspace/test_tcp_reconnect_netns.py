@@ -6,18 +6,15 @@ TCP as a checksum failure, i.e. one more loss; the guest's selftest scenario run
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from pyrds.constants import InfoType
 from pyrds.info import counters_dict
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.nft]  # userspace_netns_pair: needs nft too
 
 LOSS_RULES = """table inet pyrds_loss {
  chain out {
@@ -43,25 +40,11 @@ def _dup_count(node: object) -> int:
     return sum(int(m) for m in re.findall(r"counter packets (\d+)", out))
 
 
-@pytest.fixture
-def nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    if os.geteuid() != 0 or shutil.which("nft") is None:
-        pytest.skip("needs root and nft")
-    monkeypatch.delenv("PYRDS_TCP_PORT", raising=False)  # the stacks live in their own namespaces: port 16385
-    from pyrds.testing.topology import TwoNodes
-
-    pair = TwoNodes.create(["userspace", "userspace"])
-    try:
-        yield pair
-    finally:
-        pair.destroy()
-
-
 # 50,000 messages per direction: the issue's exactly-once bar (about 35-60 s on the 2-core host)
 @pytest.mark.parametrize("count", [50_000])
-def test_exactly_once_under_loss_and_repeated_resets(nodes, tmp_path, count: int) -> None:
-    na, nb = nodes.a, nodes.b
-    a, b = nodes.bound_pair()
+def test_exactly_once_under_loss_and_repeated_resets(userspace_netns_pair, tmp_path, count: int) -> None:
+    na, nb = userspace_netns_pair.a, userspace_netns_pair.b
+    a, b = userspace_netns_pair.bound_pair()
     rules = tmp_path / "loss.nft"
     rules.write_text(LOSS_RULES)
     for n, peer in ((na, nb), (nb, na)):
@@ -82,7 +65,7 @@ def test_exactly_once_under_loss_and_repeated_resets(nodes, tmp_path, count: int
         ra = na.agent.wait(ja, timeout + 30)
         rb = nb.agent.wait(jb, timeout + 30)
     except Exception:
-        nodes.dump_state([a, b])
+        userspace_netns_pair.dump_state([a, b])
         raise
     from pyrds.testing.topology import tcp_trouble
 

@@ -18,10 +18,8 @@ duplicates."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -29,24 +27,10 @@ import pytest
 from pyrds.constants import PYRDS_INFO_STACK_COUNTERS, SOL_RDS, InfoType
 from pyrds.info import counters_dict, parse_info
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.nft]  # userspace_netns_pair: needs nft too
 
 #: B's messages to A must all arrive within this long after A's re-dial (before the fix: ~15 minutes)
 RECOVERY_S = 40.0
-
-
-@pytest.fixture
-def nodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    if os.geteuid() != 0 or shutil.which("nft") is None:
-        pytest.skip("needs root and nft")
-    monkeypatch.delenv("PYRDS_TCP_PORT", raising=False)  # the stacks live in their own namespaces: port 16385
-    from pyrds.testing.topology import TwoNodes
-
-    pair = TwoNodes.create(["userspace", "userspace"])
-    try:
-        yield pair
-    finally:
-        pair.destroy()
 
 
 def stack_counters(sock: Any) -> dict[str, int]:
@@ -54,9 +38,30 @@ def stack_counters(sock: Any) -> dict[str, int]:
     return counters_dict(parse_info(InfoType.RDS_INFO_COUNTERS, raw))
 
 
-def test_a_redial_replaces_a_path_the_peer_went_silent_on(nodes: Any, tmp_path: Any) -> None:
-    na = nodes.a
-    a, b = nodes.bound_pair()
+def receive_exactly(flows: Sequence[tuple[Any, list[bytes]]], detail: Callable[[], str] = lambda: "") -> None:
+    """Each socket of ``flows`` receives its messages, in order, within :data:`RECOVERY_S` of starting on
+    it (``detail()`` goes into the failure message); then, socket by socket, nothing more comes within a
+    second (nothing twice)."""
+    for sock, want in flows:
+        got: list[bytes] = []
+        deadline = time.monotonic() + RECOVERY_S
+        while len(got) < len(want) and time.monotonic() < deadline:
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                got.append(sock.recv(100))
+            except TimeoutError:
+                break
+        assert got == want, f"got {len(got)} of {len(want)} in {RECOVERY_S:g}s: {got!r}{detail()}"
+    for sock, _ in flows:
+        sock.settimeout(1.0)
+        with pytest.raises(TimeoutError):  # nothing twice
+            extra = sock.recv(100)
+            raise AssertionError(f"delivered twice: {extra!r}")
+
+
+def test_a_redial_replaces_a_path_the_peer_went_silent_on(userspace_netns_pair: Any, tmp_path: Any) -> None:
+    na = userspace_netns_pair.a
+    a, b = userspace_netns_pair.bound_pair()
     a_addr = a.getsockname()
     b.sendto(b"warm-up", a_addr)
     a.settimeout(30)
@@ -80,25 +85,16 @@ def test_a_redial_replaces_a_path_the_peer_went_silent_on(nodes: Any, tmp_path: 
     for msg in sent[10:]:
         b.sendto(msg, a_addr)
         time.sleep(0.1)
-    got: list[bytes] = []
-    deadline = time.monotonic() + RECOVERY_S
-    while len(got) < len(sent) and time.monotonic() < deadline:
-        a.settimeout(max(0.1, deadline - time.monotonic()))
-        try:
-            got.append(a.recv(100))
-        except TimeoutError:
-            break
-    counters = stack_counters(b)
-    assert got == sent, (
-        f"A got {len(got)} of B's {len(sent)} messages in {RECOVERY_S:g}s: {got!r}; B's counters "
-        f"tcp_accept_deferred={counters.get('tcp_accept_deferred')} "
-        f"tcp_path_silent_dropped={counters.get('tcp_path_silent_dropped')}"
-    )
-    a.settimeout(1.0)
-    with pytest.raises(TimeoutError):  # nothing twice
-        extra = a.recv(100)
-        raise AssertionError(f"delivered twice: {extra!r}")
-    assert counters["tcp_path_silent_dropped"] >= 1
+
+    def b_counters() -> str:
+        counters = stack_counters(b)
+        return (
+            f"; B's counters tcp_accept_deferred={counters.get('tcp_accept_deferred')} "
+            f"tcp_path_silent_dropped={counters.get('tcp_path_silent_dropped')}"
+        )
+
+    receive_exactly([(a, sent)], b_counters)  # A gets B's messages
+    assert stack_counters(b)["tcp_path_silent_dropped"] >= 1
     a.sendto(b"a-to-b", b.getsockname())  # and the other way on the new connections
     b.settimeout(30)
     assert b.recv(100) == b"a-to-b"
@@ -116,7 +112,7 @@ def _tx_by_a_port(sock: Any, acceptor: bool) -> dict[int, int]:
     return {(r.peer_port if acceptor else r.local_port): r.last_sent_nxt for r in rows}
 
 
-def test_a_connection_black_holed_both_ways_is_given_up(nodes: Any, tmp_path: Any) -> None:
+def test_a_connection_black_holed_both_ways_is_given_up(userspace_netns_pair: Any, tmp_path: Any) -> None:
     """Both ends of a path keep retransmitting and neither hears the other (seen in CI on one path of the
     host's exactly-once test: both sockets in backoff 8, nothing heard for 76 s, the other paths healthy; a
     stateful middlebox that lost the flow does the same). With data outstanding neither TCP makes a
@@ -124,10 +120,10 @@ def test_a_connection_black_holed_both_ways_is_given_up(nodes: Any, tmp_path: An
     30 s by default, 3 s here) ends it: the owner's path goes down, it re-dials every path, and every
     message arrives exactly once. With the setting at 0 (TCP's default) nothing arrived in 40 s: it waits
     for tcp_retries2 (~15 minutes)."""
-    na, nb = nodes.a, nodes.b
+    na, nb = userspace_netns_pair.a, userspace_netns_pair.b
     for node in (na, nb):
         _set_user_timeout(node, 3000)
-    a, b = nodes.bound_pair()  # the connections are made after the setting: they carry it
+    a, b = userspace_netns_pair.bound_pair()  # the connections are made after the setting: they carry it
     a_addr, b_addr = a.getsockname(), b.getsockname()
     b.sendto(b"warm-up", a_addr)
     a.settimeout(30)
@@ -164,19 +160,5 @@ def test_a_connection_black_holed_both_ways_is_given_up(nodes: Any, tmp_path: An
         b.sendto(x, a_addr)
         a.sendto(y, b_addr)
         time.sleep(0.05)
-    for sock, want in ((a, to_a), (b, to_b)):
-        got: list[bytes] = []
-        deadline = time.monotonic() + RECOVERY_S
-        while len(got) < len(want) and time.monotonic() < deadline:
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            try:
-                got.append(sock.recv(100))
-            except TimeoutError:
-                break
-        assert got == want, f"got {len(got)} of {len(want)} in {RECOVERY_S:g}s: {got!r}"
-    for sock in (a, b):
-        sock.settimeout(1.0)
-        with pytest.raises(TimeoutError):  # nothing twice
-            extra = sock.recv(100)
-            raise AssertionError(f"delivered twice: {extra!r}")
+    receive_exactly([(a, to_a), (b, to_b)])
     assert stack_counters(a)["tcp_timed_out"] + stack_counters(b)["tcp_timed_out"] >= 1

@@ -30,6 +30,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 from pyrds.addr import IPAddress
 from pyrds.constants import RDS_MPATH_WORKERS
@@ -263,10 +264,13 @@ class TcpConn:
         path = self.paths[index]
         if path.sock is None:
             return
-        if (index, path.gen) != (entry.index, entry.gen):  # another connection has the path: judge that one
+        moved = (index, path.gen) != (entry.index, entry.gen)
+        info = None if moved or path.closing else _tcp_info(path.sock)  # one TCP_INFO read per judgment
+        window = time.monotonic() - entry.since
+        if moved:  # another connection has the path: judge that one
             entry.index, entry.gen, entry.since = index, path.gen, time.monotonic()
             _probe_liveness(path)
-        elif not path.closing and _silent(path.sock, time.monotonic() - entry.since):
+        elif info is not None and _silent(info, window):
             # Every RDS/TCP dialer closes a path's connection before dialling it again: the peer gave this
             # one up, and its close (a FIN or reset) was lost. TCP would only give up after tcp_retries2
             # (minutes with data outstanding, where no keepalive probe is made); meanwhile the re-dial,
@@ -284,7 +288,7 @@ class TcpConn:
             if entry in self.waiting:
                 self.loop.call_later(PROOF_DELAY, lambda: self._judge(entry))
             return
-        elif not path.closing and _alive(path.sock, time.monotonic() - entry.since):
+        elif info is not None and _alive(info, window):
             self.waiting.remove(entry)
             self.host.counters["tcp_accept_refused_live"] += 1
             log.info(
@@ -347,33 +351,38 @@ def _probe_liveness(path: TcpPath) -> None:
         path.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
 
 
-def _alive(s: socket.socket, window: float) -> bool:
-    """The peer's TCP still holds ``s`` open: no FIN from it (ESTABLISHED), no keepalive probe unanswered,
-    and an ack or data from it within the last ``window`` seconds."""
+class _TcpInfo(NamedTuple):
+    """The fields of ``struct tcp_info`` that :func:`_alive` and :func:`_silent` judge by."""
+
+    state: int
+    probes: int  # tcpi_probes: keepalive or zero-window probes unanswered
+    unacked: int  # tcpi_unacked: segments sent and not acked
+    heard_ms: int  # ms since the last data or ack from the peer (min of tcpi_last_data_recv, _last_ack_recv)
+
+
+def _tcp_info(s: socket.socket) -> _TcpInfo | None:
+    """``s``'s TCP_INFO, or None when it cannot be read or is shorter than :data:`_TCP_INFO`."""
     try:
         info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
     except OSError:
-        return False
+        return None
     if len(info) < _TCP_INFO.size:
-        return False
-    f = [int(v) for v in _TCP_INFO.unpack(info)]
-    state, probes, last_data_recv, last_ack_recv = f[0], f[3], f[19], f[20]
-    heard_ms = min(last_data_recv, last_ack_recv)
-    return state == TCP_ESTABLISHED and probes == 0 and heard_ms < window * 1000
-
-
-def _silent(s: socket.socket, window: float) -> bool:
-    """The peer's TCP stopped answering on ``s``: data or a keepalive probe is unanswered (``tcpi_unacked``,
-    ``tcpi_probes``) and nothing came from the peer for :data:`SILENCE_LIMIT` seconds, nor since the
-    newcomer arrived ``window`` seconds ago."""
-    try:
-        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
-    except OSError:
-        return False
-    if len(info) < _TCP_INFO.size:
-        return False
+        return None
     f = [int(v) for v in _TCP_INFO.unpack(info)]
     state, probes, unacked, last_data_recv, last_ack_recv = f[0], f[3], f[12], f[19], f[20]
-    heard_ms = min(last_data_recv, last_ack_recv)
-    waiting = unacked > 0 or probes > 0
-    return state == TCP_ESTABLISHED and waiting and heard_ms >= max(window, SILENCE_LIMIT) * 1000
+    return _TcpInfo(state, probes, unacked, min(last_data_recv, last_ack_recv))
+
+
+def _alive(info: _TcpInfo, window: float) -> bool:
+    """The peer's TCP still holds the connection open (``info`` from :func:`_tcp_info`): no FIN from it
+    (ESTABLISHED), no keepalive probe unanswered, and an ack or data from it within the last ``window``
+    seconds."""
+    return info.state == TCP_ESTABLISHED and info.probes == 0 and info.heard_ms < window * 1000
+
+
+def _silent(info: _TcpInfo, window: float) -> bool:
+    """The peer's TCP stopped answering on the connection (``info`` from :func:`_tcp_info`): data or a
+    keepalive probe is unanswered (``tcpi_unacked``, ``tcpi_probes``) and nothing came from the peer for
+    :data:`SILENCE_LIMIT` seconds, nor since the newcomer arrived ``window`` seconds ago."""
+    waiting = info.unacked > 0 or info.probes > 0
+    return info.state == TCP_ESTABLISHED and waiting and info.heard_ms >= max(window, SILENCE_LIMIT) * 1000
