@@ -1,0 +1,154 @@
+"""The data channel (service/datachannel.py): received messages pushed to the client, read with no request."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import select
+import socket
+
+import pytest
+
+from pyrds.userspace import rpc
+from pyrds.userspace.client import RDSSocket
+from pyrds.userspace.control import stack_counters
+from pyrds.userspace.service.datachannel import DataChannel
+
+
+def _pair() -> tuple[RDSSocket, RDSSocket]:
+    a, b = RDSSocket(), RDSSocket()
+    a.bind(("127.0.0.1", 0))
+    b.bind(("127.0.0.1", 0))
+    return a, b
+
+
+def _readable(fd: int, timeout_ms: int = 0) -> bool:
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(timeout_ms))
+
+
+def _requests(sock: RDSSocket) -> list[bytes]:
+    """Record what the client sends on its control connection from now on."""
+    sent: list[bytes] = []
+    ctl = sock._ctl
+    assert ctl is not None
+
+    class Spy:
+        def __getattr__(self, name: str) -> object:
+            return getattr(ctl, name)
+
+        def send(self, data: bytes, *args: int) -> int:
+            sent.append(bytes(data))
+            return ctl.send(data, *args)
+
+        def sendmsg(self, parts: list[bytes], *args: object) -> int:
+            sent.append(b"".join(bytes(p) for p in parts))
+            return ctl.sendmsg(parts, *args)  # type: ignore[arg-type]
+
+    sock._ctl = Spy()  # type: ignore[assignment]
+    return sent
+
+
+def test_a_local_message_is_in_the_receivers_data_channel_and_recv_asks_nothing() -> None:
+    a, b = _pair()
+    try:
+        a.sendto(b"hello", b.getsockname())
+        assert _readable(b._data.fileno(), 2000), "the message was not pushed"
+        sent = _requests(b)
+        assert b.recvfrom(100) == (b"hello", a.getsockname())
+        # one packet: the CONSUMED notice; no RECV request
+        assert len(sent) == 1 and sent[0][1] == rpc.TAG_CONSUMED, sent
+        # the readiness fd follows the queue at once: nothing left to read
+        assert not _readable(b.fileno())
+    finally:
+        a.close()
+        b.close()
+
+
+def test_peek_truncation_and_order_from_the_channel() -> None:
+    a, b = _pair()
+    try:
+        for payload in (b"first-message", b"second"):
+            a.sendto(payload, b.getsockname())
+        assert b.recv(100, socket.MSG_PEEK) == b"first-message"
+        data, _anc, flags, addr = b.recvmsg(5)
+        assert (data, flags & socket.MSG_TRUNC, addr) == (b"first", socket.MSG_TRUNC, a.getsockname())
+        assert _readable(b.fileno())  # the second is still queued
+        assert b.recv(100, socket.MSG_DONTWAIT) == b"second"
+        assert not _readable(b.fileno())
+        with pytest.raises(BlockingIOError):
+            b.recv(100, socket.MSG_DONTWAIT)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_reads_from_the_channel_show_in_another_sockets_counters_and_info() -> None:
+    a, b = _pair()
+    try:
+        before = stack_counters(a)["recv_delivered"]
+        for _ in range(3):
+            a.sendto(b"x", b.getsockname())
+        for _ in range(3):
+            assert b.recv(10) == b"x"
+        # asked through a's connection, right after b's recv returned: b's notices are taken first
+        assert stack_counters(a)["recv_delivered"] - before == 3
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_notice_claiming_unpushed_reads_drops_only_that_client() -> None:
+    a, b = _pair()
+    try:
+        a.sendto(b"one", b.getsockname())
+        assert _readable(b._data.fileno(), 2000)
+        ctl = b._ctl
+        assert ctl is not None
+        ctl.send(b"\0" + rpc.CONSUMED.pack(rpc.TAG_CONSUMED, 5, 0, 1))  # 5 read, 1 was pushed
+        with pytest.raises(OSError) as exc:
+            b.getsockname()
+        assert exc.value.errno == errno.EPIPE
+        # the stack and its other sockets are unharmed
+        c = RDSSocket()
+        c.bind(("127.0.0.1", 0))
+        a.sendto(b"two", c.getsockname())
+        assert c.recv(10) == b"two"
+        c.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_shared_page_cannot_be_written_or_resized_by_the_client() -> None:
+    """What the client gets of the page (its memfd) can neither be mapped writable nor shrunk under the
+    service (whose writes would then fault), while the service's own mapping writes."""
+    channel = DataChannel()
+    try:
+        _data_fd, page_fd = channel.client_fds()
+        with pytest.raises(PermissionError):
+            mmap.mmap(page_fd, rpc.SHARED_PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        with pytest.raises(PermissionError):
+            os.ftruncate(page_fd, 0)
+        with pytest.raises(PermissionError):
+            os.pwrite(page_fd, b"\1", 0)
+        view = mmap.mmap(page_fd, rpc.SHARED_PAGE, mmap.MAP_SHARED, mmap.PROT_READ)
+        channel.set_sync(True)
+        assert view[0] == 1
+        channel.set_sync(False)
+        assert view[0] == 0
+        view.close()
+    finally:
+        channel.close()
+
+
+def test_writes_into_the_channel_are_refused() -> None:
+    s = RDSSocket()
+    try:
+        with pytest.raises(OSError) as exc:
+            s._data.send(b"forged", socket.MSG_DONTWAIT)
+        assert exc.value.errno == errno.EPIPE
+    finally:
+        s.close()
