@@ -6,7 +6,8 @@ namespace has a working loopback, a **TCP** socket over 127.0.0.1 (tcp_poll: exa
 socketpair (unix_poll adds POLLWRBAND to POLLOUT) is the fallback.
 
 POLLIN on A: the service keeps one byte queued B->A while the socket is readable, and reads it back from A
-when it is not. POLLOUT on A, TCP: B never reads and its receive buffer is tiny, so a few KiB written into A
+when it is not; the client empties A itself after reading the tail of its data channel (:meth:`client_drained`
+then re-arms it). POLLOUT on A, TCP: B never reads and its receive buffer is tiny, so a few KiB written into A
 at setup stay queued in A for good; A's SO_SNDBUF then decides tcp_poll's writability (large: POLLOUT;
 minimum: none), set while queued send bytes are >= sndbuf/2. AF_UNIX: A's tiny send buffer is filled to
 remove POLLOUT and B is drained to restore it. The service only uses MSG_DONTWAIT on A so the file status
