@@ -401,6 +401,7 @@ class Stack:
             if not sink.push(inc.saddr.packed, inc.sport, rs.scope_id, inc.payload, tail):
                 return
             rs.pushed += 1
+            self.counters["recv_pushed"] += 1
 
     def consume(self, rs: SockState, count: int, drained: bool) -> None:
         """The client read ``count`` pushed messages from its data channel (a CONSUMED notice): recvmsg's

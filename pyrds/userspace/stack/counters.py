@@ -85,6 +85,7 @@ EXTRA_NAMES = (
     "tcp_accept_refused_live",  # a waiting connection refused: its path's own connection proved alive
     "tcp_timed_out",  # a connection TCP gave up on (ETIMEDOUT: TCP_USER_TIMEOUT or keepalive)
     "tcp_path_silent_dropped",  # a path's connection the peer went silent on, given up for its re-dial
+    "recv_pushed",  # messages pushed to their reader's data channel (the rest are served by request)
 )
 
 

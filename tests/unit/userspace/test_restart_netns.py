@@ -103,7 +103,7 @@ def _wait_progress(path: Path, at_least: int, timeout: float) -> None:
 GATE = """table inet pyrds_restart {
  chain in {
   type filter hook input priority 0; policy accept;
-  tcp dport 16385 reject with tcp reset
+  tcp dport 16385 tcp flags & (syn | ack) == syn reject with tcp reset
  }
 }
 """

@@ -47,12 +47,6 @@ CLOSE_TIMEOUT = 5.0  # graceful close: give up waiting for the peer's FIN
 WRITE_CHUNK = 256 * 1024
 #: reads after the first that :func:`_acked_read` makes at most to get the receive queue empty for the ACK
 ACK_READS = 4
-#: Messages from RDS/TCP go to their reader's data channel (service/datachannel.py) without a request. Off:
-#: with it on, test_restart_netns[receiver] saw one message delivered twice (read by the killed node's reader,
-#: then resent by the survivor to the restarted node) in 6 of 11 runs, even when only messages of reads that
-#: ended with the ACK sent (:func:`_acked_read` True) were pushed; with it off, 0 of 6. Why the survivor
-#: resends a message whose bytes our TCP acked is not understood yet (docs/userspace.md, "Restart").
-PUSH_FROM_TCP = False
 #: pongs a path holds unacked at most (a peer that pings without reading the pongs): more pings go unanswered
 PONG_MAX = 8192
 
@@ -117,6 +111,8 @@ class TcpPath:
         #: PathState does not hold; see :attr:`lane`)
         self.confirmed = False
         self.gen = 0  # connection generation: stale timers compare it
+        #: the last read ended with the ACK for all of it sent (:func:`_acked_read`): its messages may go out
+        self._read_acked = False
         self.staged: deque[Outgoing] = deque()
         self.catchup_scheduled = False
         #: receiving sockets over their cap that this connection waits for (not read while > 0)
@@ -317,7 +313,7 @@ class TcpPath:
                 return
             if not data:
                 return
-            data, _acked = _acked_read(self.sock, data)
+            data, self._read_acked = _acked_read(self.sock, data)
             if not self._feed(data):
                 return
             self._hold_for_full()
@@ -461,7 +457,7 @@ class TcpPath:
             self.lost()
             return
         # acked before anything read here can reach a reader (docs/userspace.md, "Restart")
-        data, _acked = _acked_read(s, data)
+        data, self._read_acked = _acked_read(s, data)
         if self._feed(data):
             self._hold_for_full()
             if not self.confirmed:
@@ -552,8 +548,9 @@ class TcpPath:
                     h.sequence,
                     0,
                     lat=(now, now, now, 0),
-                    # served by request, not pushed: see PUSH_FROM_TCP
-                    pushable=PUSH_FROM_TCP,
+                    # to the reader's data channel only when our TCP's ACK for it is surely out (the read
+                    # left the receive queue empty after TCP_QUICKACK); else served by request, as before
+                    pushable=self._read_acked,
                 )
                 room = host.deliver(
                     inc
