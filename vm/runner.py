@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -139,7 +140,8 @@ CACHE_TAG = "pyrdsro"
 def cached_trees(cfg: RunConfig) -> list[str]:
     """Host directories the guest only reads code from and nothing writes during a run: the repository (the
     guest still writes through an overlay), the Python installation running this harness and its venv (a tox
-    env's ``{envpython}`` runs the suite), and the guest venv.
+    env's ``{envpython}`` runs the suite), its standard library (also when it is Debian's, under /usr), and
+    the guest venv.
 
     Why: vng shares the host's root over 9p without a cache, so every ``stat``/``open`` of an import is a
     round trip through the emulated virtio device. Measured in a 7.3 TCG guest: ``python -c pass`` 3.1 s
@@ -151,13 +153,14 @@ def cached_trees(cfg: RunConfig) -> list[str]:
     (measured the same with and without the extra 9p devices, vm/README.md)."""
     if not cfg.code_cache or cfg.virtiofsd:
         return []
-    candidates = [REPO_ROOT, sys.base_prefix, sys.prefix]
+    stdlib = sysconfig.get_paths()["stdlib"]  # /usr/lib/python3.11 for Debian's python (the conformance env)
+    candidates = [REPO_ROOT, sys.base_prefix, sys.prefix, stdlib]
     if cfg.venv_bin:
         candidates.append(os.path.dirname(cfg.venv_bin))
     trees: list[str] = []
     for path in sorted({os.path.realpath(c) for c in candidates if c and os.path.isdir(c)}, key=len):
-        if path == "/" or path == "/usr" or path.startswith("/usr/"):  # vng's own overlay; too large
-            continue
+        if path == "/" or (path.startswith("/usr/") or path == "/usr") and path != os.path.realpath(stdlib):
+            continue  # vng's own overlay; too large (the interpreter's stdlib alone is fine)
         if any(path == t or path.startswith(t + os.sep) for t in trees):
             continue
         trees.append(path)

@@ -72,13 +72,21 @@ def test_cached_trees(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     base, venv = tmp_path / "base", tmp_path / "venv"
     base.mkdir()
     (venv / "bin").mkdir(parents=True)
+    (base / "lib" / "python3.11").mkdir(parents=True)
     monkeypatch.setattr(runner.sys, "base_prefix", str(base))
     monkeypatch.setattr(runner.sys, "prefix", os.path.join(runner.REPO_ROOT, ".tox", "x"))
+    monkeypatch.setattr(runner.sysconfig, "get_paths", lambda: {"stdlib": str(base / "lib" / "python3.11")})
     cfg = runner.RunConfig(kernel=KERNEL, accel="tcg", cmd=["true"], venv_bin=str(venv / "bin"))
     trees = runner.cached_trees(cfg)
     assert sorted(trees) == sorted([os.path.realpath(runner.REPO_ROOT), str(base), str(venv)])
     monkeypatch.setattr(runner.sys, "base_prefix", "/usr")
     assert "/usr" not in runner.cached_trees(cfg)
+    # a Python under /usr (Debian's, the conformance env's base): its standard library alone is cached
+    debian_stdlib = next((d for d in ("/usr/lib/python3.11", "/usr/lib/python3") if os.path.isdir(d)), None)
+    if debian_stdlib:
+        monkeypatch.setattr(runner.sysconfig, "get_paths", lambda: {"stdlib": debian_stdlib})
+        trees = runner.cached_trees(cfg)
+        assert os.path.realpath(debian_stdlib) in trees and not any(t in ("/usr", "/usr/lib") for t in trees)
     cfg.code_cache = False
     assert runner.cached_trees(cfg) == []
     argv = runner.guest_command(cfg, "a", "/res", None)
