@@ -11,17 +11,19 @@ import sys
 
 from pyrds.testing.kernelinfo import short_alias
 from vm import accel as accel_mod
-from vm import catalog, guestpy
+from vm import catalog, guestpy, virtiofs
 from vm.kernel import GuestKernel, KernelNotFound, find_kernel
 from vm.runner import (
     CONSOLE_LOG,
     GUEST_DEATHS,
+    ROOTFS_MODES,
     HarnessError,
     RunConfig,
     RunResult,
     cached_trees,
     died_mid_command,
     guest_death,
+    resolve_rootfs,
     run,
 )
 
@@ -59,6 +61,14 @@ def _run_args(p: argparse.ArgumentParser) -> None:
         "--no-code-cache",
         action="store_true",
         help="read the repository and Python from vng's uncached 9p root (slower; see runner.cached_trees)",
+    )
+    p.add_argument(
+        "--rootfs",
+        choices=ROOTFS_MODES,
+        default=None,
+        help="the guest's root filesystem: virtiofs (cached; needs a Rust virtiofsd, see fetch-virtiofsd), "
+        "9p (uncached, plus the code cache), auto (virtiofs when a virtiofsd is found; the default, or "
+        "$PYRDS_VM_ROOTFS)",
     )
     p.add_argument("--verbose", "-v", action="store_true", help="show the guest kernel console")
 
@@ -103,6 +113,10 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("setup", help="create/refresh the guest venv (~/.cache/pyrds/guest-venv)")
     f = sub.add_parser("fetch-kernels", help="download and unpack the matrix's Debian kernels (root)")
     f.add_argument("aliases", nargs="*", help=f"default: every fetched alias ({', '.join(_FETCHED)})")
+    sub.add_parser(
+        "fetch-virtiofsd",
+        help="find a usable virtiofsd, or fetch trixie's into ~/.cache/pyrds/virtiofsd (vm/virtiofs.py)",
+    )
     sub.add_parser("kernels", help="print the matrix: alias, release, image")
     a = sub.add_parser("accel", help="print the accelerator auto mode picks (probes KVM once)")
     a.add_argument("--kernel")
@@ -116,6 +130,7 @@ def _config(args: argparse.Namespace, kernel: GuestKernel, copy_out: str | None)
     acc, why = accel_mod.resolve_accel(kernel.vmlinuz, args.accel)
     two = args.topology == "two-guests"
     venv_bin = None if args.system_python else guestpy.ensure_venv(create=True)
+    daemon, root_why = resolve_rootfs(args.rootfs)
     cfg = RunConfig(
         kernel=kernel,
         accel=acc,
@@ -133,10 +148,12 @@ def _config(args: argparse.Namespace, kernel: GuestKernel, copy_out: str | None)
         copy_out=copy_out,
         verbose=args.verbose,
         code_cache=not args.no_code_cache,
+        virtiofsd=daemon,
     )
     trees = cached_trees(cfg)
     print(
         f"[vm] kernel {kernel.release}, accel {acc} ({why}), topology {cfg.topology}, "
+        f"root {'virtiofs' if daemon else '9p'} ({root_why}), "
         f"python {'venv ' + venv_bin if venv_bin else guestpy.SYSTEM_PYTHON}, "
         f"cached code trees {', '.join(trees) if trees else 'none'}",
         file=sys.stderr,
@@ -225,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                     raise ValueError(f"{alias!r} is not fetched (choose from {', '.join(_FETCHED)})")
                 catalog.fetch(alias)
                 find_kernel(alias)  # the four RDS/rxe modules are there
+            return 0
+        if args.command == "fetch-virtiofsd":
+            virtiofs.fetch()
             return 0
         if args.command == "kernels":
             return _kernels()

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
+from vm import virtiofs
 from vm.accel import Accel
 from vm.kernel import GuestKernel
 from vm.paths import REPO_ROOT, cache_dir
@@ -51,6 +53,9 @@ class RunConfig:
     copy_out: str | None = None  # copy guest A's results directory (``{results}``) here afterwards
     verbose: bool = False
     code_cache: bool = True  # see cached_trees()
+    #: the guest's root filesystem: a virtiofsd path (vng exports the root over virtiofs with it), or None
+    #: for 9p (``--force-9p``); :func:`resolve_rootfs` picks it
+    virtiofsd: str | None = None
 
 
 @dataclass
@@ -97,6 +102,37 @@ def _wait_listening(port: int, guest: _Guest, timeout: float) -> bool:
     return False
 
 
+#: ``--rootfs`` / ``$PYRDS_VM_ROOTFS`` values
+ROOTFS_MODES = ("auto", "virtiofs", "9p")
+
+
+def resolve_rootfs(mode: str | None = None) -> tuple[str | None, str]:
+    """(virtiofsd path or None for 9p, why) for ``mode`` (default ``$PYRDS_VM_ROOTFS`` or auto).
+
+    auto: virtiofs when a usable virtiofsd exists (vm/virtiofs.py; ``python -m vm fetch-virtiofsd`` gets one
+    on bookworm), else 9p. virtiofs: a usable virtiofsd or a HarnessError. 9p: always 9p."""
+    mode = mode or os.environ.get("PYRDS_VM_ROOTFS") or "auto"
+    if mode not in ROOTFS_MODES:
+        raise HarnessError(f"unknown root filesystem mode {mode!r} ({', '.join(ROOTFS_MODES)})")
+    if mode == "9p":
+        return None, "9p requested"
+    daemon = virtiofs.find_virtiofsd()
+    if daemon:
+        return daemon, f"virtiofsd {daemon}"
+    if mode == "virtiofs":
+        raise HarnessError("no usable virtiofsd (Rust daemon): python -m vm fetch-virtiofsd")
+    return None, "no usable virtiofsd (python -m vm fetch-virtiofsd)"
+
+
+def vng_env(cfg: RunConfig) -> dict[str, str]:
+    """vng's environment: with virtiofs, PATH starts with a directory whose ``virtiofsd`` is the chosen one
+    (vng takes ``virtiofsd`` on PATH before its fixed places, see vm/virtiofs.py)."""
+    env = dict(os.environ)
+    if cfg.virtiofsd:
+        env["PATH"] = os.pathsep.join(p for p in (virtiofs.vng_path_dir(cfg.virtiofsd), env.get("PATH")) if p)
+    return env
+
+
 #: 9p mount tags of the cached code trees (guest.py mounts ``pyrdsro<N>`` with cache=loose)
 CACHE_TAG = "pyrdsro"
 
@@ -104,22 +140,27 @@ CACHE_TAG = "pyrdsro"
 def cached_trees(cfg: RunConfig) -> list[str]:
     """Host directories the guest only reads code from and nothing writes during a run: the repository (the
     guest still writes through an overlay), the Python installation running this harness and its venv (a tox
-    env's ``{envpython}`` runs the suite), and the guest venv.
+    env's ``{envpython}`` runs the suite), its standard library (also when it is Debian's, under /usr), and
+    the guest venv.
 
     Why: vng shares the host's root over 9p without a cache, so every ``stat``/``open`` of an import is a
     round trip through the emulated virtio device. Measured in a 7.3 TCG guest: ``python -c pass`` 3.1 s
     and ``import pyrds.cli.main, pytest, pyroute2`` 26-33 s over the root; with the Python installation on a
     second 9p export mounted ``cache=loose``, 1.0 s and 17-20 s. The suite starts hundreds of Python
-    processes (CLI calls, stack services, node agents)."""
-    if not cfg.code_cache:
+    processes (CLI calls, stack services, node agents).
+
+    None with a virtiofs root: vng exports it with ``--cache always``, which caches these trees too
+    (measured the same with and without the extra 9p devices, vm/README.md)."""
+    if not cfg.code_cache or cfg.virtiofsd:
         return []
-    candidates = [REPO_ROOT, sys.base_prefix, sys.prefix]
+    stdlib = sysconfig.get_paths()["stdlib"]  # /usr/lib/python3.11 for Debian's python (the conformance env)
+    candidates = [REPO_ROOT, sys.base_prefix, sys.prefix, stdlib]
     if cfg.venv_bin:
         candidates.append(os.path.dirname(cfg.venv_bin))
     trees: list[str] = []
     for path in sorted({os.path.realpath(c) for c in candidates if c and os.path.isdir(c)}, key=len):
-        if path == "/" or path == "/usr" or path.startswith("/usr/"):  # vng's own overlay; too large
-            continue
+        if path == "/" or (path.startswith("/usr/") or path == "/usr") and path != os.path.realpath(stdlib):
+            continue  # vng's own overlay; too large (the interpreter's stdlib alone is fine)
         if any(path == t or path.startswith(t + os.sep) for t in trees):
             continue
         trees.append(path)
@@ -140,6 +181,13 @@ def guest_command(cfg: RunConfig, role: str, results: str, port: int | None) -> 
     argv = [_vng(), "--run", cfg.kernel.vmlinuz, "-p", str(cfg.cpus), "-m", cfg.memory]
     if cfg.accel == "tcg":
         argv.append("--disable-kvm")
+    if cfg.virtiofsd:
+        # vng switches to QEMU's "microvm" machine (no PCI) when virtiofs works under KVM; the harness's
+        # virtconsole, virtio-net-pci and 9p devices need a PCI machine
+        argv.append("--disable-microvm")
+    else:
+        # no usable daemon: say so, or vng tries QEMU's C virtiofsd and waits 3.1 s before using 9p
+        argv.append("--force-9p")
     argv += ["--name", f"pyrds-{role}", "--cwd", REPO_ROOT, "--rwdir", results, "--overlay-rwdir", REPO_ROOT]
     if cfg.verbose:
         argv.append("--verbose")
@@ -197,10 +245,11 @@ def _relay(stream: IO[bytes], out: IO[str], prefix: str) -> None:
 
 
 class _Guest:
-    def __init__(self, role: str, argv: list[str], prefix: str) -> None:
+    def __init__(self, role: str, argv: list[str], prefix: str, env: dict[str, str] | None = None) -> None:
         self.role = role
         self.proc = subprocess.Popen(
             argv,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -337,7 +386,7 @@ def _run_once(cfg: RunConfig) -> RunResult:
     try:
         for role in roles:
             prefix = f"[{role.upper()}] " if len(roles) > 1 else ""
-            guests[role] = _Guest(role, guest_command(cfg, role, results, port), prefix)
+            guests[role] = _Guest(role, guest_command(cfg, role, results, port), prefix, vng_env(cfg))
             if role == "a" and port is not None and not _wait_listening(port, guests["a"], 120.0):
                 raise HarnessError(f"guest A's QEMU never listened on 127.0.0.1:{port}")
         a = guests["a"]

@@ -12,7 +12,7 @@ import pytest
 
 from pyrds.testing.kernelinfo import short_alias
 from pyrds.testing.report import MATRIX_KERNELS
-from vm import catalog, cli, guest, runner
+from vm import catalog, cli, guest, runner, virtiofs
 from vm import kernel as kernel_mod
 from vm.kernel import GuestKernel, KernelNotFound, find_kernel
 
@@ -72,17 +72,86 @@ def test_cached_trees(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     base, venv = tmp_path / "base", tmp_path / "venv"
     base.mkdir()
     (venv / "bin").mkdir(parents=True)
+    (base / "lib" / "python3.11").mkdir(parents=True)
     monkeypatch.setattr(runner.sys, "base_prefix", str(base))
     monkeypatch.setattr(runner.sys, "prefix", os.path.join(runner.REPO_ROOT, ".tox", "x"))
+    monkeypatch.setattr(runner.sysconfig, "get_paths", lambda: {"stdlib": str(base / "lib" / "python3.11")})
     cfg = runner.RunConfig(kernel=KERNEL, accel="tcg", cmd=["true"], venv_bin=str(venv / "bin"))
     trees = runner.cached_trees(cfg)
     assert sorted(trees) == sorted([os.path.realpath(runner.REPO_ROOT), str(base), str(venv)])
     monkeypatch.setattr(runner.sys, "base_prefix", "/usr")
     assert "/usr" not in runner.cached_trees(cfg)
+    # a Python under /usr (Debian's, the conformance env's base): its standard library alone is cached
+    debian_stdlib = next((d for d in ("/usr/lib/python3.11", "/usr/lib/python3") if os.path.isdir(d)), None)
+    if debian_stdlib:
+        monkeypatch.setattr(runner.sysconfig, "get_paths", lambda: {"stdlib": debian_stdlib})
+        trees = runner.cached_trees(cfg)
+        assert os.path.realpath(debian_stdlib) in trees and not any(t in ("/usr", "/usr/lib") for t in trees)
     cfg.code_cache = False
     assert runner.cached_trees(cfg) == []
     argv = runner.guest_command(cfg, "a", "/res", None)
     assert not any("-virtfs" in a for a in argv) and "--cached-tree" not in _inner(argv)
+
+
+def _fake_daemon(path: Path, help_text: str) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\ncase \"$1\" in --version) echo 1.0;; --help) echo '{help_text}';; esac\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_virtiofs_root_when_a_usable_daemon_exists(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A usable virtiofsd: vng gets no --force-9p, --disable-microvm (PCI devices), no extra 9p code-cache
+    devices, and a PATH whose first directory holds that daemon as ``virtiofsd`` (vng looks on PATH first)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("PYRDS_VM_ROOTFS", raising=False)
+    daemon = _fake_daemon(tmp_path / "opt" / "virtiofsd", "--shared-dir <DIR>")
+    monkeypatch.setattr(virtiofs, "find_virtiofsd", lambda: daemon)
+    found, why = runner.resolve_rootfs()
+    assert found == daemon and daemon in why
+    assert runner.resolve_rootfs("virtiofs")[0] == daemon
+    assert runner.resolve_rootfs("9p")[0] is None
+    monkeypatch.setenv("PYRDS_VM_ROOTFS", "9p")
+    assert runner.resolve_rootfs()[0] is None
+    cfg = runner.RunConfig(kernel=KERNEL, accel="tcg", cmd=["true"], virtiofsd=found)
+    argv = runner.guest_command(cfg, "a", "/res", None)
+    assert "--force-9p" not in argv and "--disable-microvm" in argv
+    assert runner.cached_trees(cfg) == []
+    assert not any("-virtfs" in a for a in argv) and "--cached-tree" not in _inner(argv)
+    first = runner.vng_env(cfg)["PATH"].split(os.pathsep)[0]
+    assert os.path.realpath(os.path.join(first, "virtiofsd")) == os.path.realpath(daemon)
+
+
+def test_9p_root_without_a_usable_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No usable virtiofsd: today's 9p root with the code cache, and --force-9p so vng does not try QEMU's
+    C daemon (3.1 s lost per boot); --rootfs virtiofs is then an error."""
+    monkeypatch.delenv("PYRDS_VM_ROOTFS", raising=False)
+    monkeypatch.setattr(virtiofs, "find_virtiofsd", lambda: None)
+    assert runner.resolve_rootfs()[0] is None
+    with pytest.raises(runner.HarnessError, match="fetch-virtiofsd"):
+        runner.resolve_rootfs("virtiofs")
+    with pytest.raises(runner.HarnessError):
+        runner.resolve_rootfs("nfs")
+    cfg = runner.RunConfig(kernel=KERNEL, accel="tcg", cmd=["true"])
+    argv = runner.guest_command(cfg, "a", "/res", None)
+    assert "--force-9p" in argv and "--disable-microvm" not in argv
+    assert any("-virtfs" in a for a in argv)
+    assert runner.vng_env(cfg)["PATH"] == os.environ.get("PATH")
+
+
+def test_virtiofsd_lookup_skips_qemus_c_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """QEMU 7.2's C virtiofsd answers --version but not vng's options: not usable; the Rust daemon fetched
+    into the cache is found after it; nothing usable -> None."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(virtiofs, "_usable_cache", {})
+    monkeypatch.setattr(virtiofs.shutil, "which", lambda name: None)
+    c_daemon = _fake_daemon(tmp_path / "qemu" / "virtiofsd", "-o source=PATH  --socket-path=PATH")
+    monkeypatch.setattr(virtiofs, "SYSTEM_CANDIDATES", (str(tmp_path / "missing"), c_daemon))
+    assert not virtiofs.usable(c_daemon)
+    assert virtiofs.find_virtiofsd() is None
+    rust = _fake_daemon(Path(virtiofs.fetched_wrapper()), "--shared-dir <DIR>  --readonly")
+    assert virtiofs.usable(rust)
+    assert virtiofs.find_virtiofsd() == rust
 
 
 def test_exec_survives_base64_roundtrip() -> None:
