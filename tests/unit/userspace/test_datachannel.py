@@ -7,6 +7,7 @@ import mmap
 import os
 import select
 import socket
+from collections.abc import Iterator
 
 import pytest
 
@@ -15,12 +16,19 @@ from pyrds.userspace.client import RDSSocket
 from pyrds.userspace.control import stack_counters
 from pyrds.userspace.service.datachannel import DataChannel
 
+Pair = tuple[RDSSocket, RDSSocket]
 
-def _pair() -> tuple[RDSSocket, RDSSocket]:
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
     a, b = RDSSocket(), RDSSocket()
-    a.bind(("127.0.0.1", 0))
-    b.bind(("127.0.0.1", 0))
-    return a, b
+    try:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        yield a, b
+    finally:
+        a.close()
+        b.close()
 
 
 def _readable(fd: int, timeout_ms: int = 0) -> bool:
@@ -51,75 +59,59 @@ def _requests(sock: RDSSocket) -> list[bytes]:
     return sent
 
 
-def test_a_local_message_is_in_the_receivers_data_channel_and_recv_asks_nothing() -> None:
-    a, b = _pair()
-    try:
-        a.sendto(b"hello", b.getsockname())
-        assert _readable(b._data.fileno(), 2000), "the message was not pushed"
-        sent = _requests(b)
-        assert b.recvfrom(100) == (b"hello", a.getsockname())
-        # one packet: the CONSUMED notice; no RECV request
-        assert len(sent) == 1 and sent[0][1] == rpc.TAG_CONSUMED, sent
-        # the readiness fd follows the queue at once: nothing left to read
-        assert not _readable(b.fileno())
-    finally:
-        a.close()
-        b.close()
+def test_a_local_message_is_in_the_receivers_data_channel_and_recv_asks_nothing(pair: Pair) -> None:
+    a, b = pair
+    a.sendto(b"hello", b.getsockname())
+    assert _readable(b._data.fileno(), 2000), "the message was not pushed"
+    sent = _requests(b)
+    assert b.recvfrom(100) == (b"hello", a.getsockname())
+    # one packet: the CONSUMED notice; no RECV request
+    assert len(sent) == 1 and sent[0][1] == rpc.TAG_CONSUMED, sent
+    # the readiness fd follows the queue at once: nothing left to read
+    assert not _readable(b.fileno())
 
 
-def test_peek_truncation_and_order_from_the_channel() -> None:
-    a, b = _pair()
-    try:
-        for payload in (b"first-message", b"second"):
-            a.sendto(payload, b.getsockname())
-        assert b.recv(100, socket.MSG_PEEK) == b"first-message"
-        data, _anc, flags, addr = b.recvmsg(5)
-        assert (data, flags & socket.MSG_TRUNC, addr) == (b"first", socket.MSG_TRUNC, a.getsockname())
-        assert _readable(b.fileno())  # the second is still queued
-        assert b.recv(100, socket.MSG_DONTWAIT) == b"second"
-        assert not _readable(b.fileno())
-        with pytest.raises(BlockingIOError):
-            b.recv(100, socket.MSG_DONTWAIT)
-    finally:
-        a.close()
-        b.close()
+def test_peek_truncation_and_order_from_the_channel(pair: Pair) -> None:
+    a, b = pair
+    for payload in (b"first-message", b"second"):
+        a.sendto(payload, b.getsockname())
+    assert b.recv(100, socket.MSG_PEEK) == b"first-message"
+    data, _anc, flags, addr = b.recvmsg(5)
+    assert (data, flags & socket.MSG_TRUNC, addr) == (b"first", socket.MSG_TRUNC, a.getsockname())
+    assert _readable(b.fileno())  # the second is still queued
+    assert b.recv(100, socket.MSG_DONTWAIT) == b"second"
+    assert not _readable(b.fileno())
+    with pytest.raises(BlockingIOError):
+        b.recv(100, socket.MSG_DONTWAIT)
 
 
-def test_reads_from_the_channel_show_in_another_sockets_counters_and_info() -> None:
-    a, b = _pair()
-    try:
-        before = stack_counters(a)["recv_delivered"]
-        for _ in range(3):
-            a.sendto(b"x", b.getsockname())
-        for _ in range(3):
-            assert b.recv(10) == b"x"
-        # asked through a's connection, right after b's recv returned: b's notices are taken first
-        assert stack_counters(a)["recv_delivered"] - before == 3
-    finally:
-        a.close()
-        b.close()
+def test_reads_from_the_channel_show_in_another_sockets_counters_and_info(pair: Pair) -> None:
+    a, b = pair
+    before = stack_counters(a)["recv_delivered"]
+    for _ in range(3):
+        a.sendto(b"x", b.getsockname())
+    for _ in range(3):
+        assert b.recv(10) == b"x"
+    # asked through a's connection, right after b's recv returned: b's notices are taken first
+    assert stack_counters(a)["recv_delivered"] - before == 3
 
 
-def test_a_notice_claiming_unpushed_reads_drops_only_that_client() -> None:
-    a, b = _pair()
-    try:
-        a.sendto(b"one", b.getsockname())
-        assert _readable(b._data.fileno(), 2000)
-        ctl = b._ctl
-        assert ctl is not None
-        ctl.send(b"\0" + rpc.CONSUMED.pack(rpc.TAG_CONSUMED, 5, 0, 1))  # 5 read, 1 was pushed
-        with pytest.raises(OSError) as exc:
-            b.getsockname()
-        assert exc.value.errno == errno.EPIPE
-        # the stack and its other sockets are unharmed
-        c = RDSSocket()
-        c.bind(("127.0.0.1", 0))
-        a.sendto(b"two", c.getsockname())
-        assert c.recv(10) == b"two"
-        c.close()
-    finally:
-        a.close()
-        b.close()
+def test_a_notice_claiming_unpushed_reads_drops_only_that_client(pair: Pair) -> None:
+    a, b = pair
+    a.sendto(b"one", b.getsockname())
+    assert _readable(b._data.fileno(), 2000)
+    ctl = b._ctl
+    assert ctl is not None
+    ctl.send(b"\0" + rpc.CONSUMED.pack(rpc.TAG_CONSUMED, 5, 0, 1))  # 5 read, 1 was pushed
+    with pytest.raises(OSError) as exc:
+        b.getsockname()
+    assert exc.value.errno == errno.EPIPE
+    # the stack and its other sockets are unharmed
+    c = RDSSocket()
+    c.bind(("127.0.0.1", 0))
+    a.sendto(b"two", c.getsockname())
+    assert c.recv(10) == b"two"
+    c.close()
 
 
 def test_the_shared_page_cannot_be_written_or_resized_by_the_client() -> None:
