@@ -221,7 +221,7 @@ def test_a_second_connection_for_a_live_path_neither_replaces_it_nor_delivers(
     from pyrds.userspace.transports.tcp.conn import MAX_WAITING, PROOF_DELAY
 
     conn, svc, stack = make_conn(owner=False)
-    port0 = kernel_port(0) if sport_idx else tcp_sockopt.dial_port(random.getrandbits(16), 0)
+    port0 = kernel_port(0) if sport_idx else tagged_port(0)
     conn.accept(connect_from(port0, peers), port0)
     genuine = peers[-1]
     index = 3 if sport_idx else 0
@@ -235,7 +235,7 @@ def test_a_second_connection_for_a_live_path_neither_replaces_it_nor_delivers(
     live_port = live.peer_port
 
     def shaped() -> int:
-        return kernel_port(index) if sport_idx else tcp_sockopt.dial_port(random.getrandbits(16), 0)
+        return kernel_port(index) if sport_idx else tagged_port(0)
 
     forged_port = shaped()
     conn.accept(connect_from(forged_port, peers), forged_port)
@@ -270,14 +270,14 @@ def test_a_connection_the_peer_lost_silently_gives_way_within_seconds(peers: lis
     if os.geteuid() != 0:
         pytest.skip("TCP_REPAIR (a close that sends nothing) needs CAP_NET_ADMIN")
     conn, _svc, stack = make_conn(owner=False)
-    port0 = tcp_sockopt.dial_port(random.getrandbits(16), 0)
+    port0 = tagged_port(0)
     conn.accept(connect_from(port0, peers), port0)
     p0 = conn.paths[0]
     gone = peers.pop()
     gone.setsockopt(socket.IPPROTO_TCP, 19, 1)  # TCP_REPAIR: close() sends nothing
     gone.close()
     time.sleep(1.1)  # the old connection has been silent for a second
-    new_port = tcp_sockopt.dial_port(random.getrandbits(16), 0)
+    new_port = tagged_port(0)
     started = time.monotonic()
     conn.accept(connect_from(new_port, peers), new_port)
     assert p0.peer_port == port0
@@ -296,14 +296,14 @@ def test_a_path_connection_carries_the_tcp_user_timeout(peers: list[socket.socke
     none), so one whose data goes unanswered is dropped instead of retransmitting for ~15 minutes
     (``test_tcp_silent_path`` shows the stall it ends)."""
     conn, _svc, stack = make_conn(owner=False)
-    port0 = tcp_sockopt.dial_port(random.getrandbits(16), 0)
+    port0 = tagged_port(0)
     conn.accept(connect_from(port0, peers), port0)
     sock = conn.paths[0].sock
     assert sock is not None
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 30_000
     stack.config.set_sysctl("rds_tcp_user_timeout_ms", 0)
     conn.paths[0].lost()
-    port1 = tcp_sockopt.dial_port(random.getrandbits(16), 0)
+    port1 = tagged_port(0)
     conn.accept(connect_from(port1, peers), port1)
     sock = conn.paths[0].sock
     assert sock is not None and sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 0
