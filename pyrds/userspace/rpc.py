@@ -90,8 +90,16 @@ CONSUMED = struct.Struct("<BIBB")
 #: (nothing else was readable when it was pushed), the packed source address (16 bytes, the first len used);
 #: then the data
 PUSH_HDR = struct.Struct("<IHIBB16s")
-#: size of the page a socket's service shares with the client (byte 0: report reads synchronously)
+#: size of the page a socket's service shares with the client: byte 0 = report reads synchronously; at
+#: :data:`PAGE_QUEUED_AT` how many messages the socket's receive queue ever took, at
+#: :data:`PAGE_SERVED_AT` how many of them left it by request (not from the data channel), each a
+#: :data:`PAGE_COUNT`. The stack writes
+#: them before the readiness fd or any reply shows the change: a client that read ``n`` messages from its
+#: channel knows the queue holds ``queued - served - n``, though its notices are not taken yet.
 SHARED_PAGE = 4096
+PAGE_COUNT = struct.Struct("<Q")
+PAGE_QUEUED_AT = 8
+PAGE_SERVED_AT = 16
 #: reply code of a RECV request: messages were pushed since the client looked; read the data channel first
 RETRY_PUSHED = 100001
 

@@ -46,6 +46,7 @@ _POLLIN = select.POLLIN
 _SEND_REQ = rpc.SEND_REQ
 _RECV_REQ = rpc.RECV_REQ
 _PUSH_HDR = rpc.PUSH_HDR
+_PAGE_COUNT = rpc.PAGE_COUNT
 _HDR_SIZE = rpc.PUSH_HDR.size
 _CONSUMED = rpc.CONSUMED
 _MSG_TRUNC = int(socket.MSG_TRUNC)
@@ -60,6 +61,8 @@ def _push_buffer(size: int) -> memoryview:
     if buf is None or len(buf) < size:
         buf = _local.buf = memoryview(bytearray(max(size, 65536 + _HDR_SIZE)))
     return buf
+
+
 #: a bytes option value is shipped up to this length: no option reads more (the largest, RDS_GET_MR_FOR_DEST's
 #: struct, is 160 bytes; every length check is "< n" or "!= n" with n <= 160), as the kernel copies only the
 #: struct it needs from a longer optval, so a huge value behaves as on the kernel instead of failing to cross
@@ -152,6 +155,8 @@ class RDSSocket(RDSSocketBase):
                 raise os_error(errno.EMFILE)
             #: the page the service shares with this socket (read-only): byte 0 = report reads synchronously
             self._page = mmap.mmap(fds[2], rpc.SHARED_PAGE, mmap.MAP_SHARED, mmap.PROT_READ)
+            #: messages read from the data channel (with the page's counts: what the stack's queue holds)
+            self._pushed_read = 0
             os.close(fds.pop())
         except BaseException:
             for fd in fds:
@@ -250,22 +255,31 @@ class RDSSocket(RDSSocketBase):
         mflags = _MSG_TRUNC if dlen > bufsize else 0
         src = _source(raw[:alen], port, scope)
         if not peek:
+            self._pushed_read += 1
             self._consumed(tail)
         return data, [], mflags, src
 
     def _consumed(self, tail: bool) -> None:
-        drained = False
+        drained = sync = False
+        page = self._page
         if tail and not self._poll(self._data.fileno(), 0):
-            # nothing else was readable when it was pushed, and nothing was pushed since: not readable now
-            drained = True
-            try:
-                while self._ready.recv(4096, _MSG_DONTWAIT):
+            # nothing else was readable when it was pushed, and nothing was pushed since; and, by the page's
+            # counts, the stack's queue holds nothing more (a message queued after this one was pushed may
+            # not be in the channel yet): not readable now
+            served = _PAGE_COUNT.unpack_from(page, rpc.PAGE_SERVED_AT)[0]
+            queued = _PAGE_COUNT.unpack_from(page, rpc.PAGE_QUEUED_AT)[0]
+            if queued - served == self._pushed_read:
+                drained = True
+                try:
+                    while self._ready.recv(4096, _MSG_DONTWAIT):
+                        pass
+                except OSError:
                     pass
-            except OSError:
-                pass
-        if self._page[0]:
-            # the read changes what other sockets see (a congested port uncongests, senders wake): as the
-            # kernel's recvmsg, return only once the stack has taken it
+                # a message queued while we emptied the fd: the stack re-arms it before our recv returns
+                sync = _PAGE_COUNT.unpack_from(page, rpc.PAGE_QUEUED_AT)[0] != queued
+        if sync or page[0]:
+            # the read changes what other sockets see (a congested port uncongests, senders wake), or the fd
+            # must be made true again: as the kernel's recvmsg, return only once the stack has taken it
             try:
                 self._fast([_CONSUMED.pack(rpc.TAG_CONSUMED, 1, drained, 1)])
             except OSError:

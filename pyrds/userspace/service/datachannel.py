@@ -97,6 +97,14 @@ class DataChannel:
             self.sync = flag
             self.page[0] = 1 if flag else 0
 
+    def publish_counts(self, queued: int, served: int) -> None:
+        """The receive queue's totals on the shared page (:data:`pyrds.userspace.rpc.SHARED_PAGE`): messages
+        it ever took, and those that left it by request. Served first: a client reads queued after served,
+        so a count it reads half-updated can only overstate what the queue holds."""
+        if self.page is not None:
+            rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_SERVED_AT, served)
+            rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_QUEUED_AT, queued)
+
     def push(self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool) -> bool:
         """One message to the client; False when the channel has no room now (nothing was sent)."""
         head = _HDR.pack(len(payload), sport, scope_id, len(saddr), tail, saddr)

@@ -362,6 +362,9 @@ class Stack:
             inc.rx_tstamp_ns = time.time_ns()
         inc.lat = (inc.lat[0], inc.lat[1], time.monotonic_ns(), 0)
         rs.recv_queue.append(inc)
+        rs.queued_total += 1
+        if rs.push is not None:
+            rs.push.publish_counts(rs.queued_total, rs.served_total)
         held = self._held
         if held is not None:
             held[rs.sock_id] = rs  # a sender's request is being served: after its reply (:meth:`hold_pushes`)
@@ -508,6 +511,9 @@ class Stack:
             msg_flags |= MSG_TRUNC
         if not flags & MSG_PEEK:
             self._dequeue(rs)
+            rs.served_total += 1
+            if rs.push is not None:
+                rs.push.publish_counts(rs.queued_total, rs.served_total)
         out.put_recv(rs, inc)
         out.put_zcookies(rs)
         self.counters["recv_delivered"] += 1

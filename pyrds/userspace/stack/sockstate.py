@@ -32,6 +32,7 @@ class PushSink(Protocol):
 
     def push(self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool) -> bool: ...
     def set_sync(self, flag: bool) -> None: ...
+    def publish_counts(self, queued: int, served: int) -> None: ...
     def close(self) -> None: ...
 
 
@@ -120,6 +121,10 @@ class SockState:
     push: PushSink | None = None
     #: how many messages at the head of ``recv_queue`` were pushed and not yet reported consumed
     pushed: int = 0
+    #: messages the receive queue ever took, and those of them that left it by request (published to the
+    #: client on its page: it then knows what the queue holds before its notices are taken)
+    queued_total: int = 0
+    served_total: int = 0
     dead: bool = False
     sent_any: bool = False  # rs_conn set (a message was sent)
 

@@ -6,11 +6,13 @@ import errno
 import mmap
 import os
 import select
+import signal
 import socket
 from collections.abc import Iterator
 
 import pytest
 
+from pyrds.testing.helpers import drain_nonblocking
 from pyrds.userspace import rpc
 from pyrds.userspace.client import RDSSocket
 from pyrds.userspace.control import stack_counters
@@ -144,3 +146,37 @@ def test_writes_into_the_channel_are_refused() -> None:
         assert exc.value.errno == errno.EPIPE
     finally:
         s.close()
+
+
+def _service_pid(sock: RDSSocket) -> int:
+    ctl = sock._ctl
+    assert ctl is not None
+    creds = ctl.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    return int.from_bytes(creds[:4], "little")
+
+
+def test_the_tail_of_the_channel_leaves_the_socket_readable_while_the_stack_holds_more(pair: Pair) -> None:
+    """The tail flag is set when a message is pushed; a message queued after it but not pushed yet (the
+    channel was full; or a local send whose push waits for the sender's reply) must keep the socket readable
+    when the client reads that tail, before the stack has taken its notice. CI 2026-11-26 (stop 21): a
+    non-blocking drain after 50 sends got 49 and EAGAIN (test_loop_bound_receiver_never_congests)."""
+    a, b = pair
+    sent = 0
+    while stack_counters(a)["recv_pushed"] == sent:  # until the channel (a few MiB) stops taking them
+        a.sendto(b"m" * 60000, b.getsockname())
+        sent += 1
+        assert sent < 1000, "the channel never filled"
+    pid = _service_pid(b)
+    got = 0
+    os.kill(pid, signal.SIGSTOP)  # the stack takes no notice (and pushes nothing) until SIGCONT
+    try:
+        while _readable(b._data.fileno()):
+            assert b._pushed(60000, 0) is not None
+            got += 1
+        assert 0 < got < sent
+        readable = _readable(b.fileno())
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert readable, "the readiness fd was emptied while the stack held unread messages"
+    got += len(drain_nonblocking(b))
+    assert got == sent
