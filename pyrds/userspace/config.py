@@ -11,7 +11,7 @@ from typing import NamedTuple
 from pyrds.constants import RDS_RECONNECT_MAX_DELAY_MS, RDS_RECONNECT_MIN_DELAY_MS, RDS_TCP_PORT
 
 #: v4: received messages pushed to a data channel (v3: the values encoding replaced marshal)
-DEFAULT_STACK_NAME = "pyrds-stack-v4"
+DEFAULT_STACK_NAME = "pyrds-stack-v5"
 SOCK_MIN_SNDBUF = 4608  # 2 * (2048 + sizeof(struct sk_buff)) on x86_64
 SOCK_MIN_RCVBUF = 2304
 

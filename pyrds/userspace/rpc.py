@@ -14,6 +14,8 @@ bounded encoding of plain values; no foreign byte ever reaches ``marshal`` or ``
   (code, msg_flags, source port, scope id, address length, ancillary length), the packed source address,
   ``values(ancdata)`` and the data.
 - ``CONSUMED`` notice: :data:`CONSUMED`, never answered (see ``service/datachannel.py``).
+- ``POST`` notice: a SEND request with tag :data:`TAG_POST` and no ancillary data, never answered: a send the
+  client made without waiting, under a grant from an earlier SEND reply (see ``service/posting.py``).
 - anything else: request ``values((op, args))``, reply ``values((errno, result))``. Such a record starts
   with a value tag (an ASCII letter), never a binary tag byte. Only plain values (ints, floats, bytes, str,
   tuples, lists, dicts, None) cross; int subclasses such as ``IntEnum``/``IntFlag`` travel as ``int``.
@@ -75,8 +77,11 @@ TAG_SEND = 0x01
 TAG_RECV = 0x02
 #: tag, flags, nonblock, len(packed daddr) (0 = none), dport, len(values(ancdata)) (0 = none)
 SEND_REQ = struct.Struct("<BiBBHI")
-#: code, bytes sent
-SEND_REP = struct.Struct("<iq")
+#: code, bytes sent, post grant: the socket's post epoch when the client may post further sends to the same
+#: destination without waiting (while the page's epoch is unchanged), else -1
+SEND_REP = struct.Struct("<iqq")
+#: a send posted under a grant (:data:`SEND_REQ` layout, no ancillary data), never answered
+TAG_POST = 0x04
 #: tag, bufsize, ancbufsize, flags, nonblock
 RECV_REQ = struct.Struct("<BqqiB")
 #: code, msg_flags, sport, scope_id, len(packed saddr) (0 = none), len(values(ancdata))
@@ -96,10 +101,16 @@ PUSH_HDR = struct.Struct("<IHIBB16s")
 #: :data:`PAGE_COUNT`. The stack writes
 #: them before the readiness fd or any reply shows the change: a client that read ``n`` messages from its
 #: channel knows the queue holds ``queued - served - n``, though its notices are not taken yet.
+#: For posted sends: at :data:`PAGE_RELEASED_AT` how many bytes ever left the socket's send buffer (acked,
+#: cancelled), at :data:`PAGE_SNDBUF_AT` the send buffer the grant was made for, at :data:`PAGE_EPOCH_AT` the
+#: post epoch (a grant is void once it differs from the one the SEND reply gave).
 SHARED_PAGE = 4096
 PAGE_COUNT = struct.Struct("<Q")
 PAGE_QUEUED_AT = 8
 PAGE_SERVED_AT = 16
+PAGE_RELEASED_AT = 24
+PAGE_SNDBUF_AT = 32
+PAGE_EPOCH_AT = 40
 #: reply code of a RECV request: messages were pushed since the client looked; read the data channel first
 RETRY_PUSHED = 100001
 

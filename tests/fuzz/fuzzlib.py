@@ -503,6 +503,11 @@ def fuzz_control(
                     if p[:1] == b"\x01":
                         st.extra["incomplete"] = st.extra.get("incomplete", 0) + 1
                         continue  # the record is not complete: no reply yet (the next one continues it)
+                    if rec[:1] == bytes([rpc.TAG_POST]):
+                        # a POST notice is never answered: the next record (or the health check) shows
+                        # whether the service took it or dropped the connection
+                        st.extra["posts"] = st.extra.get("posts", 0) + 1
+                        continue
                     alive = _recv_reply(s)
                 except (BrokenPipeError, ConnectionResetError):
                     alive = False

@@ -143,7 +143,7 @@ class RDSSocket(RDSSocketBase):
     def __init__(self, type: int = socket.SOCK_SEQPACKET, proto: int = 0) -> None:
         if type != socket.SOCK_SEQPACKET or proto != 0:
             raise os_error(errno.ESOCKTNOSUPPORT)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a send holds it across its request and its accounting
         self._timeout: float | None = None
         self._ctl: socket.socket | None = connect_stack()
         self._limit = rpc.tune(self._ctl)
@@ -157,6 +157,11 @@ class RDSSocket(RDSSocketBase):
             self._page = mmap.mmap(fds[2], rpc.SHARED_PAGE, mmap.MAP_SHARED, mmap.PROT_READ)
             #: messages read from the data channel (with the page's counts: what the stack's queue holds)
             self._pushed_read = 0
+            #: bytes of every send the stack took (with the page's released count: its send buffer), and
+            #: the grant to post sends without waiting (service/posting.py): destination and epoch
+            self._snd_taken = 0
+            self._post_dest: tuple[bytes, int] | None = None
+            self._post_epoch = -1
             os.close(fds.pop())
         except BaseException:
             for fd in fds:
@@ -209,14 +214,43 @@ class RDSSocket(RDSSocketBase):
     def _send_once(self, buffers: list[rpc.Buffer], anc: bytes, flags: int, dest: Any, nonblock: bool) -> int:
         daddr, dport = dest if dest is not None else (b"", 0)
         head = _SEND_REQ.pack(rpc.TAG_SEND, flags, nonblock, len(daddr), dport, len(anc))
-        rep = self._fast([head, daddr, anc, *buffers])
-        try:
-            code, n = rpc.SEND_REP.unpack_from(rep)
-        except struct.error:
-            raise os_error(errno.EPIPE, "bad reply from the pyrds stack service") from None
-        if code:
-            _raise(code, None)
+        with self._lock:  # the reply's accounting and grant are taken before another send of this socket
+            rep = self._fast([head, daddr, anc, *buffers])
+            try:
+                code, n, grant = rpc.SEND_REP.unpack_from(rep)
+            except struct.error:
+                raise os_error(errno.EPIPE, "bad reply from the pyrds stack service") from None
+            if code:
+                _raise(code, None)
+            self._snd_taken += n
+            if grant >= 0:
+                self._post_dest, self._post_epoch = dest, grant
         return int(n)
+
+    def _post(self, buffers: list[rpc.Buffer], flags: int, dest: Any, size: int) -> bool:
+        """Send without waiting, under the grant for ``dest`` (service/posting.py); False when the grant is
+        void or the send buffer may be full (the caller asks the stack, which answers exactly)."""
+        with self._lock:
+            page = self._page
+            if dest != self._post_dest:
+                return False
+            if _PAGE_COUNT.unpack_from(page, rpc.PAGE_EPOCH_AT)[0] != self._post_epoch:
+                return False
+            sndbuf = _PAGE_COUNT.unpack_from(page, rpc.PAGE_SNDBUF_AT)[0]
+            released = _PAGE_COUNT.unpack_from(page, rpc.PAGE_RELEASED_AT)[0]
+            if size > sndbuf or self._snd_taken - released >= sndbuf:
+                return False  # EMSGSIZE, or perhaps EAGAIN: the stack's own answer
+            ctl = self._ctl
+            if ctl is None:
+                return False
+            daddr, dport = dest if dest is not None else (b"", 0)
+            head = _SEND_REQ.pack(rpc.TAG_POST, flags, 1, len(daddr), dport, 0)
+            try:
+                rpc.send_parts(ctl, [head, daddr, *buffers], self._limit)
+            except OSError:
+                raise os_error(errno.EPIPE, "the pyrds stack service went away") from None
+            self._snd_taken += size
+        return True
 
     def _recv_once(
         self, bufsize: int, ancbufsize: int, flags: int, nonblock: bool
@@ -370,6 +404,13 @@ class RDSSocket(RDSSocketBase):
             gdest = None if dest is None else (str(ipaddress.ip_address(dest[0])), dest[1])
             n: int = self._call(rpc.Op.SEND, (size, anc, flags, gdest, not blocking))
             return n
+        if (
+            not raw_anc
+            and not flags & ~_MSG_DONTWAIT
+            and self._post_epoch >= 0
+            and self._post(bufs, flags, dest, size)
+        ):
+            return size
         if timed and not self._wait(select.POLLOUT, deadline):
             raise TimeoutError("timed out")
         while True:

@@ -105,6 +105,14 @@ class DataChannel:
             rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_SERVED_AT, served)
             rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_QUEUED_AT, queued)
 
+    def publish_send(self, released: int, sndbuf: int, epoch: int) -> None:
+        """What a posting client checks (:mod:`pyrds.userspace.service.posting`): bytes ever released from
+        the send buffer, the send buffer, then the post epoch last."""
+        if self.page is not None:
+            rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_RELEASED_AT, released)
+            rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_SNDBUF_AT, sndbuf)
+            rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_EPOCH_AT, epoch)
+
     def push(self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool) -> bool:
         """One message to the client; False when the channel has no room now (nothing was sent)."""
         head = _HDR.pack(len(payload), sport, scope_id, len(saddr), tail, saddr)

@@ -1,6 +1,6 @@
 """The stack service: one per network namespace, serving RDS sockets over AF_UNIX control connections.
 
-It binds the abstract socket ``\\0pyrds-stack-v4`` (``PYRDS_STACK_NAME`` overrides it) and serves until it
+It binds the abstract socket ``\\0pyrds-stack-v5`` (``PYRDS_STACK_NAME`` overrides it) and serves until it
 has been idle (no clients, no established RDS/TCP connection) for ``PYRDS_IDLE_EXIT`` seconds (default 5;
 negative = forever). The data path (binary SEND/RECV records) is served here; every other operation goes
 through the table in :mod:`pyrds.userspace.service.handlers`. :class:`Service` can also run embedded (e.g. in
@@ -28,6 +28,7 @@ from pyrds.userspace import rpc
 from pyrds.userspace.config import PeerCred, StackConfig, peer_cred, stack_address
 from pyrds.userspace.service.eventloop import SelectorLoop
 from pyrds.userspace.service.handlers import Request, dispatch
+from pyrds.userspace.service.posting import take_post
 from pyrds.userspace.service.replies import error_reply
 from pyrds.userspace.service.trust import may_connect
 from pyrds.userspace.stack.core import Stack
@@ -244,6 +245,9 @@ class Service:
                     if record[-1]:
                         return  # answered: the client waits, nothing follows
                     continue
+                if len(record) and record[0] == rpc.TAG_POST:
+                    self._posted(ctl, record)  # a notice too
+                    continue
                 self._handle(ctl, record)
                 # one request at a time per control connection (the client waits for each reply): no
                 # point in another recv that would only say EAGAIN
@@ -269,18 +273,35 @@ class Service:
         except StackError as exc:
             raise OSError(exc.code, "CONSUMED more than was pushed") from None
         if reply:
-            rpc.send_parts(ctl.sock, [rpc.SEND_REP.pack(0, count)], ctl.limit)
+            rpc.send_parts(ctl.sock, [rpc.SEND_REP.pack(0, count, -1)], ctl.limit)
+
+    def _posted(self, ctl: _Control, record: rpc.Buffer) -> None:
+        """A POST notice (service/posting.py). One that is malformed, or comes before OPEN, drops this
+        connection (struct.error / OSError reach :meth:`_on_control`)."""
+        view = memoryview(record)
+        _tag, flags, _nonblock, dlen, dport, alen = rpc.SEND_REQ.unpack_from(view)
+        if ctl.rs is None or alen or ctl.rs.grant_epoch < 0:
+            raise OSError(errno.EPROTO, "POST before OPEN, before any grant, or with ancillary data")
+        off = rpc.SEND_REQ.size
+        try:
+            dest = (_ip_packed(bytes(view[off : off + dlen])), dport) if dlen else None
+        except ValueError:
+            raise OSError(errno.EPROTO, "POST with a malformed address") from None
+        outbox = Outbox()
+        take_post(self.stack, ctl.rs, bytes(view[off + dlen :]), flags, dest, outbox)
+        outbox.flush(self.stack.transmit_failed)
 
     def _settle(self, asking: _Control) -> None:
-        """Before a request that reads stack-wide state (info tables, counters, options): take the CONSUMED
-        notices other clients already sent, so what they read shows (their recv returned before this
-        request was made; the kernel's accounting is done by then)."""
+        """Before a request that reads stack-wide state (info tables, counters, options), or a send: take
+        the CONSUMED and POST notices other clients already sent, so what they read or sent shows (their
+        recv or send returned before this request was made; the kernel's accounting is done by then)."""
         if self._settling:
             return
         self._settling = True
         try:
             for other in list(self._controls.values()):
-                if other is not asking and other.rs is not None and other.rs.pushed:
+                rs = other.rs
+                if other is not asking and rs is not None and (rs.pushed or rs.grant_epoch >= 0):
                     self._on_control(other)
         finally:
             self._settling = False
@@ -334,9 +355,10 @@ class Service:
                 raise StackError(errno.EBADF)
             self.stack.hold_pushes()
             n = self.stack.sendmsg(rs, payload, anc, flags, dest, bool(nonblock), outbox)
-            reply = rpc.SEND_REP.pack(0, n)
+            grant = -1 if anc or flags & ~socket.MSG_DONTWAIT else self.stack.grant_posts(rs, dest)
+            reply = rpc.SEND_REP.pack(0, n, grant)
         except Exception as exc:
-            reply = rpc.SEND_REP.pack(error_reply(exc)[0], 0)
+            reply = rpc.SEND_REP.pack(error_reply(exc)[0], 0, -1)
         try:
             rpc.send_parts(ctl.sock, [reply], ctl.limit)
         finally:  # queued and accounted: it goes out even when the client is gone; never raises

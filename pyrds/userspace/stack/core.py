@@ -103,9 +103,11 @@ class Stack:
         return self.cong.map_for(laddr)
 
     def peer_cong_map(self, faddr: IPAddress, cmap: CongestionMap) -> None:
+        self._revoke_posts_to(normalize(faddr))
         self.cong.map_updated(self.cong.replace_remote(faddr, cmap), self.wake)
 
     def cong_updated(self, portmask: int) -> None:
+        self._revoke_posts_to(None)
         self.cong.map_updated(portmask, self.wake)
 
     # -- socket lifetime
@@ -187,6 +189,7 @@ class Stack:
         # socket connects to ::1, and its send() reaches the socket bound there); sendmsg decides.
         rs.conn_addr = normalize(ip)
         rs.conn_port = port
+        self.revoke_posts(rs)
 
     # -- data path
     def _send_checks(
@@ -249,16 +252,25 @@ class Stack:
         dest: tuple[IPAddress, int] | None,
         nonblock: bool,
         outbox: Outbox | None = None,
+        posted: bool = False,
     ) -> int:
         """rds_sendmsg. A message for a transport that does I/O goes to ``outbox`` when one is given (the
         caller flushes it after replying), else straight to the transport. A transport that fails to take
-        the message (a bug) leaves nothing accounted: the error reaches this caller."""
+        the message (a bug) leaves nothing accounted: the error reaches this caller.
+
+        ``posted``: a send the client made under a grant (:meth:`grant_posts`) and returned from already.
+        Its congestion test was the grant's (a map update since then voided the grant, but a send made
+        before it is not refused for it); its send-buffer test is against the buffer the grant was made
+        for. A post outside its grant is refused (StackError; only a client that broke the rules sees it)."""
         self.cong.look(rs)
         plen = len(payload)
         daddr, dport, _zcopy, cookie = self._send_checks(rs, plen, anc, flags, dest)
         if nonblock is False and flags & MSG_DONTWAIT:
             nonblock = True
-        if self.cong.test(daddr, dport):
+        if posted:
+            if (daddr, dport) != rs.grant_dest or rs.snd_bytes >= rs.grant_sndbuf:
+                raise StackError(errno.EPERM)
+        elif self.cong.test(daddr, dport):
             if not nonblock:
                 self.counters["cong_send_blocked"] += 1
                 raise MustWait()
@@ -267,7 +279,7 @@ class Stack:
             self.counters["cong_send_error"] += 1
             self.cong.saw_congestion(rs)
             raise StackError(errno.ENOBUFS)
-        if rs.snd_bytes >= rs.rds_sndbuf:
+        elif rs.snd_bytes >= rs.rds_sndbuf:
             self.counters["send_queue_full"] += 1
             raise StackError(errno.EAGAIN)
         transport = self._transport_for(daddr, rs.transport)
@@ -307,15 +319,62 @@ class Stack:
         rs = self.socks.get(msg.sock_id)
         if rs is None or rs.sent.pop(id(msg), None) is None:
             return
-        rs.snd_bytes -= len(msg.payload)
+        self._release(rs, len(msg.payload))
         rs.update_readiness()
+
+    def _release(self, rs: SockState, nbytes: int) -> None:
+        """``nbytes`` leave the socket's send buffer (published for a posting client)."""
+        rs.snd_bytes -= nbytes
+        rs.snd_released += nbytes
+        if rs.grant_epoch >= 0 and rs.push is not None:
+            rs.push.publish_send(rs.snd_released, rs.grant_sndbuf, rs.post_epoch)
+
+    # -- posted sends (service/posting.py)
+    def grant_posts(self, rs: SockState, dest: tuple[IPAddress, int] | None) -> int:
+        """After a send to ``dest`` succeeded: the client may post further sends there without waiting,
+        while the returned epoch holds (-1: no grant). Only to a remote destination over a transport that
+        does I/O, where the kernel's sendmsg also returns before anything reaches the peer, and whose
+        congestion the stack learns from the wire: a map update from that peer voids the grant. Never for a
+        local one: its receiver's queue and congestion change within the sender's call in the kernel."""
+        if rs.push is None or rs.dead or rs.bound_addr is None:
+            return -1
+        daddr, dport = (normalize(dest[0]), dest[1]) if dest is not None else (rs.conn_addr, rs.conn_port)
+        if daddr is None or self.is_local(daddr):
+            return -1
+        transport = self._transport_for(daddr, rs.transport)
+        if transport is None or transport.immediate:
+            return -1
+        # the client posts under its latest grant only, and this send came after its earlier posts: the
+        # grant is replaced (the same epoch while it was live)
+        live = rs.grant_epoch == rs.post_epoch
+        if not live or rs.grant_dest != (daddr, dport) or rs.grant_sndbuf != rs.rds_sndbuf:
+            rs.grant_epoch = rs.post_epoch
+            rs.grant_dest = (daddr, dport)
+            rs.grant_sndbuf = rs.rds_sndbuf
+            rs.push.publish_send(rs.snd_released, rs.grant_sndbuf, rs.post_epoch)
+        return rs.post_epoch
+
+    def revoke_posts(self, rs: SockState) -> None:
+        """Void the socket's grant: its client's next send waits for the stack again."""
+        if rs.grant_epoch != rs.post_epoch:
+            return
+        rs.post_epoch += 1
+        if rs.push is not None:
+            rs.push.publish_send(rs.snd_released, rs.grant_sndbuf, rs.post_epoch)
+
+    def _revoke_posts_to(self, faddr: IPAddress | None) -> None:
+        """A congestion map changed: void the grants to ``faddr`` (None: to anyone)."""
+        for rs in self.socks.values():
+            dest = rs.grant_dest
+            if dest is not None and rs.grant_epoch == rs.post_epoch and (faddr is None or dest[0] == faddr):
+                self.revoke_posts(rs)
 
     def acked(self, msg: Outgoing) -> None:
         """A sent message is acked: release its send-buffer bytes, queue its zerocopy cookie."""
         rs = self.socks.get(msg.sock_id)
         if rs is None or rs.sent.pop(id(msg), None) is None:
             return
-        rs.snd_bytes -= len(msg.payload)
+        self._release(rs, len(msg.payload))
         if msg.zcookie is not None:
             rs.add_zcookie(msg.zcookie)
         rs.update_readiness()
@@ -325,7 +384,7 @@ class Stack:
         for key, msg in list(rs.sent.items()):
             if msg.daddr == daddr and msg.dport == dport:
                 del rs.sent[key]
-                rs.snd_bytes -= len(msg.payload)
+                self._release(rs, len(msg.payload))
                 self.counters["send_canceled"] += 1
                 self._cancel(msg)
         rs.update_readiness()

@@ -86,6 +86,8 @@ EXTRA_NAMES = (
     "tcp_timed_out",  # a connection TCP gave up on (ETIMEDOUT: TCP_USER_TIMEOUT or keepalive)
     "tcp_path_silent_dropped",  # a path's connection the peer went silent on, given up for its re-dial
     "recv_pushed",  # messages pushed to their reader's data channel (the rest are served by request)
+    "send_posted",  # sends a client made without waiting for the stack (under a grant: service/posting.py)
+    "send_post_refused",  # posted sends refused (outside their grant: a client that broke the rules)
 )
 
 

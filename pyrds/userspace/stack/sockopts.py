@@ -68,6 +68,7 @@ def setsockopt(
     """``net_admin``: the caller holds CAP_NET_ADMIN; without it SO_SNDBUFFORCE/SO_RCVBUFFORCE are EPERM
     (sock_setsockopt: ``sockopt_capable(CAP_NET_ADMIN)``, after reading the int value)."""
     cfg = stack.config
+    stack.revoke_posts(rs)  # a grant was made for the options as they were (the send buffer, ...)
     if level == socket.SOL_SOCKET:
         val = _int(value)
         if optname in (SO_SNDBUFFORCE, SO_RCVBUFFORCE) and not net_admin:

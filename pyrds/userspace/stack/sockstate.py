@@ -33,6 +33,7 @@ class PushSink(Protocol):
     def push(self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool) -> bool: ...
     def set_sync(self, flag: bool) -> None: ...
     def publish_counts(self, queued: int, served: int) -> None: ...
+    def publish_send(self, released: int, sndbuf: int, epoch: int) -> None: ...
     def close(self) -> None: ...
 
 
@@ -125,6 +126,15 @@ class SockState:
     #: client on its page: it then knows what the queue holds before its notices are taken)
     queued_total: int = 0
     served_total: int = 0
+    #: bytes that ever left ``snd_bytes`` (acked, cancelled): with what the client sent, its send buffer
+    snd_released: int = 0
+    #: posted sends (service/posting.py): the socket's post epoch (moved to void a grant); the last grant:
+    #: its epoch (-1: none; live while it equals ``post_epoch``), destination and send buffer. Kept once
+    #: void: posts the client made before it saw the new epoch come after, and are taken under it
+    post_epoch: int = 0
+    grant_epoch: int = -1
+    grant_dest: tuple[IPAddress, int] | None = None
+    grant_sndbuf: int = 0
     dead: bool = False
     sent_any: bool = False  # rs_conn set (a message was sent)
 

@@ -45,6 +45,9 @@ def send(src: str, baseport: int, nsock: int, dst: str, dport: int, count: int, 
     socks = []
     for i in range(nsock):
         s = pyrds.socket("userspace")
+        # a send buffer of 32 messages (rds_sndbuf 2048): the sender is held by B's acks all along (the
+        # default holds holds the whole transfer: sends that do not wait for the stack ended before the kill)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2048)
         s.bind((src, baseport + i))
         socks.append(s)
     report: dict[str, Any] = {"pid": service_pid(socks[0]), "sent": [0] * nsock, "error": None}

@@ -191,7 +191,8 @@ def test_held_connection_resumes_when_the_socket_drains(wire: tuple[str, str]) -
     try:
         flood.start()
         assert flood.stalled.wait(60) or flood.done.is_set()
-        assert not flood.done.is_set(), "the whole flood was accepted: nothing pushed back"
+        # seen once in each of two sessions under -n 2 load, unexplained: say how the flood ended
+        assert not flood.done.is_set(), f"flood ended: sent {flood.sent} bytes, error {flood.error!r}"
         sink.settimeout(30)
         for seq in range(1, count + 1):
             data = sink.recv(2 * MSG)
