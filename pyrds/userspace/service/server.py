@@ -224,6 +224,13 @@ class Service:
         ctl.sock.close()
 
     def _on_control(self, ctl: _Control) -> None:
+        posts = Outbox()  # POST notices read in a row: their messages written together
+        try:
+            self._read_control(ctl, posts)
+        finally:
+            posts.flush(self.stack.transmit_failed)
+
+    def _read_control(self, ctl: _Control, posts: Outbox) -> None:
         buf = self._rbuf
         for _ in range(64):
             try:
@@ -240,13 +247,14 @@ class Service:
                 record = ctl.asm.feed(buf[:n])
                 if record is None:
                     continue
+                if len(record) and record[0] == rpc.TAG_POST:
+                    self._posted(ctl, record, posts)  # a notice too
+                    continue
+                posts.flush(self.stack.transmit_failed)  # before what follows them (a send's own message)
                 if len(record) and record[0] == rpc.TAG_CONSUMED:
                     self._consumed(ctl, record)  # a notice: a request may follow it at once
                     if record[-1]:
                         return  # answered: the client waits, nothing follows
-                    continue
-                if len(record) and record[0] == rpc.TAG_POST:
-                    self._posted(ctl, record)  # a notice too
                     continue
                 self._handle(ctl, record)
                 # one request at a time per control connection (the client waits for each reply): no
@@ -275,7 +283,7 @@ class Service:
         if reply:
             rpc.send_parts(ctl.sock, [rpc.SEND_REP.pack(0, count, -1)], ctl.limit)
 
-    def _posted(self, ctl: _Control, record: rpc.Buffer) -> None:
+    def _posted(self, ctl: _Control, record: rpc.Buffer, outbox: Outbox) -> None:
         """A POST notice (service/posting.py). One that is malformed, or comes before OPEN, drops this
         connection (struct.error / OSError reach :meth:`_on_control`)."""
         view = memoryview(record)
@@ -287,9 +295,7 @@ class Service:
             dest = (_ip_packed(bytes(view[off : off + dlen])), dport) if dlen else None
         except ValueError:
             raise OSError(errno.EPROTO, "POST with a malformed address") from None
-        outbox = Outbox()
         take_post(self.stack, ctl.rs, bytes(view[off + dlen :]), flags, dest, outbox)
-        outbox.flush(self.stack.transmit_failed)
 
     def _settle(self, asking: _Control) -> None:
         """Before a request that reads stack-wide state (info tables, counters, options), or a send: take

@@ -149,6 +149,13 @@ class Transport(Protocol):
     def transmit(self, msg: Outgoing, hash_key: HashKey) -> None:
         """Queue ``msg`` toward ``msg.daddr``; ``hash_key`` picks the path of a multipath connection."""
 
+    def cork(self) -> None:
+        """Until :meth:`uncork`, messages given to :meth:`transmit` are queued but not written yet (several
+        frames then go out in one write). Never nested."""
+
+    def uncork(self) -> None:
+        """Write what :meth:`transmit` queued since :meth:`cork`."""
+
     def cancel(self, msg: Outgoing) -> None:
         """The sender no longer waits for ``msg`` (RDS_CANCEL_SENT_TO, close): drop it if it is not on the
         wire yet, stop accounting it otherwise."""

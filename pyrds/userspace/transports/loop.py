@@ -44,6 +44,12 @@ class LoopTransport:
     def start(self) -> None:
         pass
 
+    def cork(self) -> None:
+        pass  # nothing is written: every message is delivered inside transmit
+
+    def uncork(self) -> None:
+        pass
+
     def transmit(self, msg: Outgoing, hash_key: HashKey) -> None:
         """rds_loop_xmit: the message is received and acked at once. The stack's own pong (no socket) is
         delivered without being acked and does not move the connection's ``next_rx_seq`` (as before the

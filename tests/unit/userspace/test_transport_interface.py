@@ -25,9 +25,17 @@ class Recorder:
     def __init__(self, prefer_loopback: bool = True) -> None:
         self.prefer_loopback = prefer_loopback
         self.sent: list[tuple[Outgoing, HashKey]] = []
+        self.calls: list[str] = []
 
     def transmit(self, msg: Outgoing, hash_key: HashKey) -> None:
         self.sent.append((msg, hash_key))
+        self.calls.append(msg.payload.decode())
+
+    def cork(self) -> None:
+        self.calls.append("cork")
+
+    def uncork(self) -> None:
+        self.calls.append("uncork")
 
 
 def test_select_transport_follows_prefer_loopback() -> None:
@@ -52,5 +60,7 @@ def test_outbox_hands_messages_over_only_when_flushed_in_order() -> None:
     assert net.sent == []
     box.flush()
     assert [m.payload for m, _k in net.sent] == [b"one", b"two"]
+    # one batch: written together (TcpTransport queues while corked and kicks each path once)
+    assert net.calls == ["cork", "one", "two", "uncork"]
     box.flush()
     assert len(net.sent) == 2

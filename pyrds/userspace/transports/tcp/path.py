@@ -140,12 +140,14 @@ class TcpPath:
             return Lane.CLOSING
         return Lane.CONFIRMED if self.confirmed else Lane.CONNECTING
 
-    def queue(self, msg: Outgoing) -> None:
+    def queue(self, msg: Outgoing, kick: bool = True) -> None:
+        """``kick``: write it (or get a connection) now; False: the caller kicks later (a corked batch)."""
         if msg.sock_id and (not self.up or self.staged):
             self.staged.append(msg)  # not on the wire yet: RDS_CANCEL_SENT_TO / close() can still drop it
         else:
             self._to_engine(msg)
-        self.kick()
+        if kick:
+            self.kick()
 
     def _to_engine(self, msg: Outgoing) -> None:
         msg.seq = self.engine.queue(msg.sport, msg.dport, msg.payload)

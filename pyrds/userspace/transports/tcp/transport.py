@@ -31,7 +31,7 @@ from pyrds.userspace.stack.transport import (
     TcpSocketRow,
 )
 from pyrds.userspace.transports.tcp.conn import TcpConn
-from pyrds.userspace.transports.tcp.path import R
+from pyrds.userspace.transports.tcp.path import R, TcpPath
 
 __all__ = ["TcpTransport"]
 
@@ -52,6 +52,8 @@ class TcpTransport:
         self.listener: socket.socket | None = None
         self.closed = False
         self._spare: SpareFd | None = None
+        #: between cork() and uncork(): the paths given messages, to kick once (insertion order)
+        self._corked: dict[TcpPath, None] | None = None
 
     def start(self) -> None:
         """Dual-stack listener on [::]:PYRDS_TCP_PORT with SO_REUSEADDR (rds_tcp_listen_init)."""
@@ -125,9 +127,23 @@ class TcpTransport:
     def transmit(self, msg: Outgoing, hash_key: HashKey) -> None:
         c = self.conn(msg.saddr, msg.daddr)
         if msg.sport == 0 or msg.sport == RDS_FLAG_PROBE_PORT:
-            c.paths[0].queue(msg)
+            path = c.paths[0]
         else:
-            c.path_for(hash_key).queue(msg)
+            path = c.path_for(hash_key)
+        corked = self._corked
+        if corked is None:
+            path.queue(msg)
+        else:
+            path.queue(msg, kick=False)
+            corked[path] = None
+
+    def cork(self) -> None:
+        self._corked = {}
+
+    def uncork(self) -> None:
+        corked, self._corked = self._corked, None
+        for path in corked or ():
+            path.kick()
 
     def cong_map_changed(self, laddr: IPAddress) -> None:
         """rds_cong_queue_updates: the map goes out on path 0 and, unlike the kernel, on every other path
