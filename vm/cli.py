@@ -173,6 +173,20 @@ def _report(res: RunResult, keep: bool, label: str = "") -> None:
     )
 
 
+def _attempt_console(attempt: int) -> str:
+    """The file in a kernel's results that keeps the console of boot ``attempt``, which died mid-command
+    (the next boot writes its own ``console.log``)."""
+    return f"console-attempt{attempt}.log"
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
 def _matrix(args: argparse.Namespace) -> int:
     """One boot per kernel; ``OUT/<alias>`` gets guest A's results, ``OUT/matrix.json`` what each boot did.
 
@@ -187,6 +201,7 @@ def _matrix(args: argparse.Namespace) -> int:
         alias = short_alias(kernel.release) if label not in catalog.ALIASES else label
         out = os.path.join(args.out, alias)
         deaths: list[dict[str, object]] = []
+        consoles: dict[str, bytes] = {}  # a dead attempt's whole console, kept past the next boot's wipe
         while True:
             shutil.rmtree(out, ignore_errors=True)
             res = run(_config(args, kernel, out))
@@ -194,6 +209,7 @@ def _matrix(args: argparse.Namespace) -> int:
             if not died_mid_command(res) or len(deaths) >= max(0, args.reboots):
                 break
             deaths.append(guest_death(res, os.path.join(out, CONSOLE_LOG), len(deaths) + 1))
+            consoles[_attempt_console(len(deaths))] = _read_bytes(os.path.join(out, CONSOLE_LOG))
             print(
                 f"[vm][{alias}] guest died while CMD ran (attempt {len(deaths)}); "
                 f"booting {alias} again (recorded in {GUEST_DEATHS})",
@@ -204,6 +220,9 @@ def _matrix(args: argparse.Namespace) -> int:
             deaths.append(guest_death(res, os.path.join(out, CONSOLE_LOG), len(deaths) + 1))
         if deaths:
             os.makedirs(out, exist_ok=True)
+            for name, data in consoles.items():
+                with open(os.path.join(out, name), "wb") as fh:
+                    fh.write(data)
             with open(os.path.join(out, GUEST_DEATHS), "w") as fh:
                 json.dump({"deaths": deaths}, fh, indent=1)
         summary.append(

@@ -346,6 +346,8 @@ def test_matrix_boots_again_after_a_guest_died_mid_command_and_records_it(
     (death,) = json.loads((out / "guest-deaths.json").read_text())["deaths"]
     assert death["attempt"] == 1 and death["kernel_crash"] is True
     assert death["console_tail"][-1] == "[ 9.1] Kernel panic"
+    # the dead boot's whole console is kept beside the next boot's own
+    assert "NULL pointer dereference" in (out / "console-attempt1.log").read_text()
     (row,) = json.loads((tmp_path / "out" / "matrix.json").read_text())["kernels"]
     assert row["rc"] == 0 and row["guest_deaths"] == 1
 
