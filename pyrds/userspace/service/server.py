@@ -17,6 +17,7 @@ import errno
 import ipaddress
 import logging
 import os
+import select
 import selectors
 import socket
 import struct
@@ -305,10 +306,21 @@ class Service:
             return
         self._settling = True
         try:
-            for other in list(self._controls.values()):
+            # only connections that may hold notices, and of those only the readable ones: one poll()
+            # for all of them rather than a recv each
+            poller: select.poll | None = None
+            for fd, other in self._controls.items():
                 rs = other.rs
                 if other is not asking and rs is not None and (rs.pushed or rs.grant_epoch >= 0):
-                    self._on_control(other)
+                    if poller is None:
+                        poller = select.poll()
+                    poller.register(fd, select.POLLIN)
+            if poller is None:
+                return
+            for fd, _ev in poller.poll(0):
+                ready = self._controls.get(fd)
+                if ready is not None:
+                    self._on_control(ready)
         finally:
             self._settling = False
 
