@@ -55,6 +55,41 @@ def load_modules(names: list[str]) -> dict[str, bool]:
     return {name: os.path.isdir(f"/sys/module/{name}") for name in names}
 
 
+#: empty base chains on every inet hook of the initial namespace, for the guest's lifetime (see
+#: :func:`pin_netfilter_hooks`)
+PIN_TABLE = "pyrds_pin_hooks"
+PIN_RULESET = (
+    f"table inet {PIN_TABLE} {{\n"
+    + "".join(
+        f"  chain {hook} {{ type filter hook {hook} priority 0; policy accept; }}\n"
+        for hook in ("prerouting", "input", "forward", "output", "postrouting")
+    )
+    + "}\n"
+)
+
+
+def pin_netfilter_hooks() -> bool:
+    """Keep netfilter's ``nf_hooks_needed`` static keys enabled for the whole run.
+
+    A test's nftables table (the mixed pairings' redirect, the restart gate) registers hooks, and the
+    first registration (or the last unregistration) of a hook anywhere patches the kernel's text: the jump
+    label in ``NF_HOOK`` flips between a 2-byte nop and a 2-byte jmp. Under QEMU TCG, a vCPU running
+    ``ip_local_deliver`` while another patches it died twice on 6.12 with RIP in the middle of that very
+    instruction (``66 <90>``, ``eb <11>``, 2026-11-26). With one registration held from boot, later ones only
+    move the key's count and the text is never patched while traffic flows."""
+    try:
+        res = subprocess.run(
+            ["nft", "-f", "-"], input=PIN_RULESET, capture_output=True, text=True, check=False
+        )
+    except OSError as exc:
+        log(f"nft not available ({exc}): netfilter hooks not pinned")
+        return False
+    if res.returncode != 0:
+        log(f"pinning netfilter hooks failed ({res.returncode}): {res.stderr.strip()}")
+        return False
+    return True
+
+
 def iface_by_mac(mac: str) -> str | None:
     for ifname in sorted(os.listdir("/sys/class/net")):
         try:
@@ -142,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     t_init = uptime()
     cached = mount_cached_trees(args.cached_tree, args.repo)
     modules = load_modules([m for m in args.modules.split(",") if m])
+    pinned = pin_netfilter_hooks()
     sh(["ip", "link", "set", "lo", "up"])
     env = dict(os.environ)
     netdev = ""
@@ -190,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = 125
     else:
         started = {"uptime": uptime(), "init_uptime": t_init, "modules": modules, "netdev": netdev}
+        started["netfilter_hooks_pinned"] = pinned
         started["cached"] = cached
         write_json(os.path.join(own, "started"), started)
         try:

@@ -6,6 +6,9 @@ import base64
 import json
 import os
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -235,6 +238,26 @@ def test_matrix_checks_every_kernel_before_booting(tmp_path: Path, monkeypatch: 
 def test_run_rejects_empty_command() -> None:
     with pytest.raises(runner.HarnessError):
         runner.run(runner.RunConfig(kernel=KERNEL, accel="tcg", cmd=[]))
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("nft") or not shutil.which("unshare"),
+    reason="needs root, nft and unshare",
+)
+def test_pin_netfilter_hooks_holds_every_inet_hook() -> None:
+    """In a new network namespace (never the host's own ruleset): the table guest init loads."""
+    code = "from vm import guest; import sys; sys.exit(0 if guest.pin_netfilter_hooks() else 1)"
+    script = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)} && nft list table inet {guest.PIN_TABLE}"
+    res = subprocess.run(
+        ["unshare", "-n", "sh", "-c", script],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    for hook in ("prerouting", "input", "forward", "output", "postrouting"):
+        assert f"hook {hook} priority filter; policy accept;" in res.stdout, res.stdout
 
 
 def test_guest_status_file_helpers(tmp_path: Path) -> None:

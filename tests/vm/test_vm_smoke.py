@@ -31,6 +31,11 @@ CHECK = textwrap.dedent(
     print("GUEST-AF_RDS-OK", s.getsockname(), "in_guest=" + os.environ.get("PYRDS_IN_GUEST", "?"))
     import pyverbs, pyrds
     print("GUEST-IMPORTS-OK", pyverbs.__file__, pyrds.__file__)
+    import subprocess
+    nft = ["nft", "list", "table", "inet", "pyrds_pin_hooks"]
+    table = subprocess.run(nft, capture_output=True, text=True)
+    if all(f"hook {h} " in table.stdout for h in ("prerouting", "input", "forward", "output", "postrouting")):
+        print("GUEST-NF-PINNED")
     sys.exit(7)
     """
 )
@@ -52,6 +57,7 @@ def test_af_rds_socket_in_guest_and_exit_status() -> None:
     assert "GUEST-AF_RDS-OK" in res.stdout, res.stdout + res.stderr
     assert "in_guest=1" in res.stdout
     assert "GUEST-IMPORTS-OK" in res.stdout, res.stderr
+    assert "GUEST-NF-PINNED" in res.stdout, res.stdout  # vm/guest.py pin_netfilter_hooks
     assert res.returncode == 7, res.stderr  # CMD's status comes back to the host
     assert "boot to CMD" in res.stderr
 
