@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -88,6 +89,23 @@ def pin_netfilter_hooks() -> bool:
         log(f"pinning netfilter hooks failed ({res.returncode}): {res.stderr.strip()}")
         return False
     return True
+
+
+#: asm-generic/socket.h (the stdlib's socket module has no name for it before 3.14)
+SO_TIMESTAMP = 29
+
+
+def pin_timestamp_key() -> socket.socket | None:
+    """A socket with SO_TIMESTAMP held open while CMD runs: ``netstamp_needed_key`` stays enabled, so the
+    tests' SO_TIMESTAMP sockets (first on, last off) never patch the receive path's jump label under TCG
+    (the same race as :func:`pin_netfilter_hooks`). The caller keeps the socket referenced."""
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
+    except OSError as exc:
+        log(f"timestamp key not pinned: {exc}")
+        return None
+    return s
 
 
 def iface_by_mac(mac: str) -> str | None:
@@ -178,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     cached = mount_cached_trees(args.cached_tree, args.repo)
     modules = load_modules([m for m in args.modules.split(",") if m])
     pinned = pin_netfilter_hooks()
+    stamp_pin = pin_timestamp_key()  # noqa: F841 - held until this process exits
     sh(["ip", "link", "set", "lo", "up"])
     env = dict(os.environ)
     netdev = ""

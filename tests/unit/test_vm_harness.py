@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -258,6 +259,15 @@ def test_pin_netfilter_hooks_holds_every_inet_hook() -> None:
     assert res.returncode == 0, res.stderr
     for hook in ("prerouting", "input", "forward", "output", "postrouting"):
         assert f"hook {hook} priority filter; policy accept;" in res.stdout, res.stdout
+
+
+def test_pin_timestamp_key_holds_a_timestamping_socket() -> None:
+    s = guest.pin_timestamp_key()
+    assert s is not None
+    try:
+        assert s.getsockopt(socket.SOL_SOCKET, guest.SO_TIMESTAMP) == 1
+    finally:
+        s.close()
 
 
 def test_guest_status_file_helpers(tmp_path: Path) -> None:
