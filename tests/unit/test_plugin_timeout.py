@@ -184,3 +184,46 @@ def test_rounds_repeat_a_scenario_and_one_round_keeps_its_id(tmp_path: Path) -> 
     assert "round4" not in out
     out = _run_counted(tmp_path, "-k", "rounds", "--rds-rounds", "0")
     assert "--rds-rounds must be >= 1" in out, out
+
+
+ORDER_PROJECT = textwrap.dedent(
+    """
+    import pytest
+
+
+    def test_first_quick(rds_observe):
+        pass
+
+
+    @pytest.mark.slow
+    def test_unrelated_slow():
+        pass
+
+
+    @pytest.mark.slow
+    def test_pyrds_slow(rds_observe):
+        pass
+
+
+    def test_last_quick():
+        pass
+    """
+)
+
+
+def test_slow_pyrds_tests_are_run_first(tmp_path: Path) -> None:
+    """Long pyrds tests first (under xdist they then start on every worker together); nothing else moves."""
+    (tmp_path / "test_order.py").write_text(ORDER_PROJECT)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: long\n")
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "pyrds.testing.plugin", "--co", "-q", "test_order.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    order = [line.split("::")[1] for line in proc.stdout.splitlines() if "::" in line]
+    expected = ["test_pyrds_slow", "test_first_quick", "test_unrelated_slow", "test_last_quick"]
+    assert order == expected, proc.stdout
