@@ -21,10 +21,6 @@ is marked ``@pytest.mark.rds_timeout`` (``rds_timeout(seconds)`` sets its own li
 For a test that takes a message count it grows with the count over its default (:func:`count_scale`).
 Every other test of a project that merely has pyrds installed is never timed by this plugin.
 
-Order: tests that use the fixtures above and are marked ``slow`` run first (otherwise in collection order):
-under pytest-xdist the long ones then start on every worker at once instead of leaving one worker busy
-while the other idles at the end (the conformance guests idled 25-53 s per kernel so, 2026-11-26).
-
 Every test item gets ``user_properties`` ``rds_scenario`` / ``rds_backend`` (kernel, userspace,
 mixed:A-B) that
 end up in the JUnit XML; ``--rds-results FILE`` also writes them, with outcomes, as JSON for
@@ -202,12 +198,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
-    items.sort(key=lambda it: not _long_pyrds_test(it))  # stable: collection order otherwise
-
-
-def _long_pyrds_test(item: pytest.Item) -> bool:
-    names = getattr(item, "fixturenames", ())
-    return item.get_closest_marker("slow") is not None and bool(PLUGIN_FIXTURES.intersection(names))
 
 
 class RdsTestTimeout(Exception):
