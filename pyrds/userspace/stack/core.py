@@ -326,8 +326,8 @@ class Stack:
         """``nbytes`` leave the socket's send buffer (published for a posting client)."""
         rs.snd_bytes -= nbytes
         rs.snd_released += nbytes
-        if rs.grant_epoch >= 0 and rs.push is not None:
-            rs.push.publish_send(rs.snd_released, rs.grant_sndbuf, rs.post_epoch)
+        if rs.grant_epoch >= 0:
+            rs.publish_send()
 
     # -- posted sends (service/posting.py)
     def grant_posts(self, rs: SockState, dest: tuple[IPAddress, int] | None) -> int:
@@ -351,7 +351,7 @@ class Stack:
             rs.grant_epoch = rs.post_epoch
             rs.grant_dest = (daddr, dport)
             rs.grant_sndbuf = rs.rds_sndbuf
-            rs.push.publish_send(rs.snd_released, rs.grant_sndbuf, rs.post_epoch)
+            rs.publish_send()
         return rs.post_epoch
 
     def revoke_posts(self, rs: SockState) -> None:
@@ -359,15 +359,14 @@ class Stack:
         if rs.grant_epoch != rs.post_epoch:
             return
         rs.post_epoch += 1
-        if rs.push is not None:
-            rs.push.publish_send(rs.snd_released, rs.grant_sndbuf, rs.post_epoch)
+        rs.publish_send()
 
     def _revoke_posts_to(self, faddr: IPAddress | None) -> None:
         """A congestion map changed: void the grants to ``faddr`` (None: to anyone)."""
         for rs in self.socks.values():
             dest = rs.grant_dest
-            if dest is not None and rs.grant_epoch == rs.post_epoch and (faddr is None or dest[0] == faddr):
-                self.revoke_posts(rs)
+            if dest is not None and (faddr is None or dest[0] == faddr):
+                self.revoke_posts(rs)  # a no-op for a grant already void
 
     def acked(self, msg: Outgoing) -> None:
         """A sent message is acked: release its send-buffer bytes, queue its zerocopy cookie."""
@@ -422,8 +421,7 @@ class Stack:
         inc.lat = (inc.lat[0], inc.lat[1], time.monotonic_ns(), 0)
         rs.recv_queue.append(inc)
         rs.queued_total += 1
-        if rs.push is not None:
-            rs.push.publish_counts(rs.queued_total, rs.served_total)
+        rs.publish_counts()
         held = self._held
         if held is not None:
             held[rs.sock_id] = rs  # a sender's request is being served: after its reply (:meth:`hold_pushes`)
@@ -571,8 +569,7 @@ class Stack:
         if not flags & MSG_PEEK:
             self._dequeue(rs)
             rs.served_total += 1
-            if rs.push is not None:
-                rs.push.publish_counts(rs.queued_total, rs.served_total)
+            rs.publish_counts()
         out.put_recv(rs, inc)
         out.put_zcookies(rs)
         self.counters["recv_delivered"] += 1

@@ -183,6 +183,16 @@ class SockState:
         if self.push is not None:
             self.push.set_sync(self.congested or bool(self.rcv_waiters))
 
+    def publish_counts(self) -> None:
+        """The receive queue's totals on the client's page (service/datachannel.py)."""
+        if self.push is not None:
+            self.push.publish_counts(self.queued_total, self.served_total)
+
+    def publish_send(self) -> None:
+        """What a posting client checks on its page: released bytes, the grant's buffer, the epoch."""
+        if self.push is not None:
+            self.push.publish_send(self.snd_released, self.grant_sndbuf, self.post_epoch)
+
     def resync_readiness(self) -> None:
         """The client emptied the readiness fd after reading the tail of the queue: make it true again."""
         r = self.readiness
