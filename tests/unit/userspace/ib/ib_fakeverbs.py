@@ -111,3 +111,326 @@ class FakeLink:
             if not moved:
                 return
         raise AssertionError("link never went quiet")
+
+
+# -- a fake of the driver's verbs interface (pyrds.userspace.transports.ib.verbs) ----------------------------
+#
+# FakeFabric stands for rdma_cm + RC between any number of addresses, one process:
+# - CM: ids on channels; resolve_addr/resolve_route complete at once (ADDR_RESOLVED / ROUTE_RESOLVED, or
+#   ADDR_ERROR for an address in ``unreachable``); connect reaches the listener on (dst, port) as a
+#   CONNECT_REQUEST (private data zero padded to 56 bytes), or REJECTED without data when nobody listens;
+#   accept sends CONNECT_RESPONSE (data padded to 196), reject REJECTED (with the data), establish
+#   ESTABLISHED to the passive side; disconnect (or closing a connected id) DISCONNECTED to the peer; events
+#   of an id that was closed are dropped (ucma cleans them up); every event is handed out acknowledged.
+# - QPs: a SEND needs RTS on both ends and a posted receive buffer on the receiver (else it waits, as on an
+#   RNR NAK, and is delivered when a buffer is posted); delivery is in order; a signalled send completes after
+#   delivery; a SEND longer than the buffer fails the test (IB_WC_LOC_LEN_ERR); to_error flushes.
+# - FakeLoop: readers are called while their fd has something pending; timers run when nothing else does.
+
+import itertools  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+from pyrds.userspace.transports.ib.verbs import (  # noqa: E402
+    CmEvent,
+    CmEventKind,
+    Completion,
+    ConnParams,
+    QpConfig,
+    VerbsError,
+    WcOpcode,
+    WcStatus,
+)
+
+
+class FakeFabric:
+    def __init__(self) -> None:
+        self._fds = itertools.count(1000)
+        self._qpns = itertools.count(0x11)
+        self.listeners: dict[tuple[str, int], FakeCmId] = {}
+        self.by_fd: dict[int, FakeChannel | FakeQP] = {}
+        self.unreachable: set[str] = set()
+        self.qps: list[FakeQP] = []
+
+    def fd(self, obj: FakeChannel | FakeQP) -> int:
+        fd = next(self._fds)
+        self.by_fd[fd] = obj
+        return fd
+
+    def pending(self, fd: int) -> bool:
+        obj = self.by_fd.get(fd)
+        return obj is not None and obj.pending()
+
+    def verbs(self) -> FakeVerbs:
+        return FakeVerbs(self)
+
+
+class FakeVerbs:
+    def __init__(self, fabric: FakeFabric) -> None:
+        self.fabric = fabric
+        self.channels: list[FakeChannel] = []
+
+    def create_channel(self) -> FakeChannel:
+        ch = FakeChannel(self.fabric)
+        self.channels.append(ch)
+        return ch
+
+
+class FakeChannel:
+    def __init__(self, fabric: FakeFabric) -> None:
+        self.fabric = fabric
+        self._fd = fabric.fd(self)
+        self.events: deque[tuple[FakeCmId, CmEvent]] = deque()
+        self.closed = False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def pending(self) -> bool:
+        return any(not target.closed for target, _ in self.events)
+
+    def post(
+        self, target: FakeCmId, kind: CmEventKind, data: bytes = b"", request: FakeCmId | None = None
+    ) -> None:
+        self.events.append((target, CmEvent(kind, data, request, int(kind))))
+
+    def get_event(self) -> CmEvent | None:
+        assert not self.closed
+        while self.events:
+            target, ev = self.events.popleft()
+            if not target.closed:
+                return ev
+        return None
+
+    def create_id(self) -> FakeCmId:
+        return FakeCmId(self)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeCmId:
+    def __init__(self, channel: FakeChannel) -> None:
+        self.channel = channel
+        self.fabric = channel.fabric
+        self.closed = False
+        self.src = ""
+        self.dst = ""
+        self.port = 0
+        self.listening: tuple[str, int] | None = None
+        self.peer: FakeCmId | None = None  # the other end of a request/connection
+        self.qp: FakeQP | None = None
+        self.connected = False
+        self.sent_private: bytes = b""
+        self.rejected_with: bytes | None = None
+        self.calls: list[str] = []
+        self.is_request = False
+
+    def _event(self, kind: CmEventKind, data: bytes = b"", request: FakeCmId | None = None) -> None:
+        self.channel.post(self, kind, data, request)
+
+    def resolve_addr(self, src: str, dst: str, port: int, timeout_ms: int) -> None:
+        self.calls.append("resolve_addr")
+        self.src, self.dst, self.port = src, dst, port
+        self._event(CmEventKind.ADDR_ERROR if dst in self.fabric.unreachable else CmEventKind.ADDR_RESOLVED)
+
+    def resolve_route(self, timeout_ms: int) -> None:
+        self.calls.append("resolve_route")
+        self._event(CmEventKind.ROUTE_RESOLVED)
+
+    def listen(self, addr: str, port: int, backlog: int) -> None:
+        if (addr, port) in self.fabric.listeners:
+            raise VerbsError("rdma_bind_addr: address in use", 98)
+        self.fabric.listeners[(addr, port)] = self
+        self.listening = (addr, port)
+
+    def create_qp(self, config: QpConfig) -> FakeQP:
+        assert self.qp is None
+        self.qp = FakeQP(self.fabric, config)
+        return self.qp
+
+    def connect(self, params: ConnParams) -> None:
+        self.calls.append("connect")
+        assert self.qp is not None and self.qp.state == "INIT"
+        self.sent_private = params.private_data
+        listener = self.fabric.listeners.get((self.dst, self.port))
+        if listener is None or listener.closed:
+            self._event(CmEventKind.REJECTED)
+            return
+        request = FakeCmId(listener.channel)
+        request.is_request = True
+        request.peer = self
+        request.src, request.dst, request.port = self.dst, self.src, self.port
+        self.peer = request
+        listener._event(CmEventKind.CONNECT_REQUEST, params.private_data.ljust(REQ_AREA, b"\0"), request)
+
+    def accept(self, params: ConnParams) -> None:
+        self.calls.append("accept")
+        assert self.peer is not None and self.qp is not None and self.qp.state == "RTS"
+        assert params.rnr_retry == 7
+        self.sent_private = params.private_data
+        active = self.peer
+        assert active.qp is not None
+        self.qp.peer, active.qp.peer = active.qp, self.qp
+        self.connected = True
+        active._event(CmEventKind.CONNECT_RESPONSE, params.private_data.ljust(CM_PRIVATE_DATA_MAX, b"\0"))
+
+    def reject(self, data: bytes) -> None:
+        self.calls.append("reject")
+        self.rejected_with = data
+        if self.peer is not None:
+            self.peer._event(CmEventKind.REJECTED, data)
+            self.peer = None
+
+    def establish(self) -> None:
+        self.calls.append("establish")
+        assert self.peer is not None and self.qp is not None and self.qp.state == "RTS"
+        self.connected = True
+        self.peer._event(CmEventKind.ESTABLISHED)
+
+    def disconnect(self) -> None:
+        self.calls.append("disconnect")
+        if self.connected and self.peer is not None:
+            self.connected = False
+            self.peer.connected = False
+            self.peer._event(CmEventKind.DISCONNECTED)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.calls.append("close")
+        if self.connected:
+            self.disconnect()  # rdma_destroy_id on a connected id sends a DREQ
+        elif self.is_request and self.peer is not None and self.rejected_with is None:
+            self.peer._event(CmEventKind.REJECTED)  # destroying an unanswered request sends a REJ
+        if self.listening is not None:
+            self.fabric.listeners.pop(self.listening, None)
+        self.closed = True
+
+
+class FakeQP:
+    def __init__(self, fabric: FakeFabric, config: QpConfig) -> None:
+        self.fabric = fabric
+        self.config = config
+        self.qp_num = next(fabric._qpns)
+        self._fd = fabric.fd(self)
+        self.state = "RESET"
+        self.peer: FakeQP | None = None
+        self.posted: deque[int] = deque()
+        self.bufs: dict[int, bytes] = {}
+        self.cq: list[Completion] = []
+        self.waiting: deque[tuple[FakeQP, int, int, bytes, bool]] = deque()  # SENDs waiting for a buffer
+        self.sent: list[tuple[int, int, bytes, bool, bool]] = []  # (slot, wr_id, data, signaled, solicited)
+        self.closed = False
+        fabric.qps.append(self)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def pending(self) -> bool:
+        return bool(self.cq) and not self.closed
+
+    def to_init(self) -> None:
+        assert self.state == "RESET"
+        self.state = "INIT"
+
+    def to_rts(self) -> None:
+        assert self.state == "INIT"
+        self.state = "RTS"
+
+    def to_error(self) -> None:
+        self.state = "ERR"
+        while self.posted:
+            self.cq.append(Completion(self.posted.popleft(), WcStatus.WR_FLUSH_ERR, WcOpcode.RECV, 0))
+
+    def post_recv(self, slot: int) -> None:
+        assert not self.closed and self.state in ("INIT", "RTS")
+        assert 0 <= slot < self.config.recv_slots and slot not in self.posted, f"slot {slot} posted twice"
+        self.posted.append(slot)
+        self.deliver_waiting()
+
+    def post_send(self, slot: int, wr_id: int, data: bytes, signaled: bool, solicited: bool) -> None:
+        assert not self.closed
+        if self.state != "RTS":
+            raise VerbsError(f"post_send in {self.state}", 22)
+        assert 0 <= slot < self.config.send_slots
+        assert len(data) <= self.config.recv_buf_size, f"IB_WC_LOC_LEN_ERR: SEND of {len(data)} bytes"
+        self.sent.append((slot, wr_id, data, signaled, solicited))
+        if self.peer is None:
+            return
+        self.peer.waiting.append((self, wr_id, 0, data, signaled))
+        self.peer.deliver_waiting()
+
+    def deliver_waiting(self) -> None:
+        while self.waiting and self.posted and self.state == "RTS" and not self.closed:
+            sender, wr_id, _, data, signaled = self.waiting.popleft()
+            self.inject(data)
+            if signaled and not sender.closed:
+                sender.cq.append(Completion(wr_id, WcStatus.SUCCESS, WcOpcode.SEND, len(data)))
+
+    def inject(
+        self,
+        data: bytes,
+        *,
+        byte_len: int | None = None,
+        wr_id: int | None = None,
+        status: int = WcStatus.SUCCESS,
+        opcode: int = WcOpcode.RECV,
+    ) -> None:
+        """A receive completion as a (possibly lying) device would report it."""
+        slot = self.posted.popleft() if self.posted else -1
+        self.bufs[slot] = data
+        n = len(data) if byte_len is None else byte_len
+        self.cq.append(Completion(slot if wr_id is None else wr_id, status, opcode, n))
+
+    def read_recv(self, slot: int, length: int) -> bytes:
+        assert 0 <= slot < self.config.recv_slots and 0 <= length <= self.config.recv_buf_size
+        return self.bufs.get(slot, b"")[:length].ljust(length, b"\0")
+
+    def completions(self) -> list[Completion]:
+        out, self.cq = self.cq, []
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeLoop:
+    """Readers run while their fd has work; timers (virtual time in ``clock``) when nothing else does."""
+
+    def __init__(self, fabric: FakeFabric, clock: Clock) -> None:
+        self.fabric = fabric
+        self.clock = clock
+        self.readers: dict[int, Callable[[], None]] = {}
+        self.timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+
+    def add_reader(self, fd: int, cb: Callable[[], None]) -> None:
+        assert fd not in self.readers, f"fd {fd} registered twice"
+        self.readers[fd] = cb
+
+    def remove_reader(self, fd: int) -> None:
+        self.readers.pop(fd, None)
+
+    def call_later(self, delay: float, cb: Callable[[], None]) -> None:
+        self.timers.append((self.clock.t + delay, next(self._seq), cb))
+        self.timers.sort(key=lambda t: (t[0], t[1]))
+
+    def step(self, timers: bool = True) -> bool:
+        """Run one ready reader (or, if none, the next timer); False when there was nothing to do."""
+        ready = [cb for fd, cb in list(self.readers.items()) if self.fabric.pending(fd)]
+        if ready:
+            self.clock.tick()
+            ready[0]()
+            return True
+        if timers and self.timers:
+            when, _, cb = self.timers.pop(0)
+            self.clock.t = max(self.clock.t, when)
+            cb()
+            return True
+        return False
+
+    def run(self, limit: int = 100_000, timers: bool = True) -> None:
+        for _ in range(limit):
+            if not self.step(timers):
+                return
+        raise AssertionError("loop never went quiet")

@@ -1,0 +1,533 @@
+"""The I/O driver of one RDS/IB connection: rdma_cm and an RC queue pair around :class:`~.engine.IbEngine`.
+
+An :class:`IbConnection` owns one rdma_cm id and, once the id is bound to a device, one
+:class:`~.verbs.QueuePair` (external QP, one CQ, a completion channel). It never blocks: the CM channel's
+and the completion channel's fds are non-blocking and registered with an :class:`FdLoop`; each readiness
+callback drains what is pending.
+
+Active side (ib_cm.c ``rds_ib_conn_path_connect``): :meth:`IbConnection.dial` takes the REQ private data from
+the engine (which goes CONNECTING at once, so a crossing REQ is rejected as the kernel does), resolves the
+address and the route (5 s each, ``RDS_RDMA_RESOLVE_TIMEOUT_MS``), creates the QP (RESET -> INIT), and
+connects to port 18634. On CONNECT_RESPONSE the REP's private data goes to :meth:`IbEngine.on_reply`; the
+receive ring is posted, the QP goes RTR -> RTS and ``rdma_establish`` sends the RTU (the passive kernel
+sends its congestion map as soon as it sees that, so the buffers must be there first).
+
+Passive side: :meth:`IbConnection.accept` is given a CONNECT_REQUEST (the listener, :class:`IbListener`, only
+dispatches) and the engine's :class:`~.engine.CmAnswer`: a reject sends the REJ consumer data and destroys the
+id; an accept creates the QP, brings it to RTS, posts the receive ring and accepts with the REP private data.
+The connection comes UP on ESTABLISHED -- or on the first receive completion, whichever the loop sees first
+(data can overtake the RTU; ib_cm turns the first packet into ESTABLISHED the same way).
+
+Rings: receive slots are all posted once per connection before the peer can send; the engine's
+:meth:`IbEngine.recv_to_post` then says how many to repost (it counts the ring full when it comes UP, which
+is exactly what is posted). Send slot of a work request: ``wr_id % send_wr`` (the engine numbers them
+consecutively and never has more than ``send_wr`` outstanding); the ACK frame has its own slot ``send_wr``.
+
+Anything unexpected drops the connection (and counts, in :attr:`IbConnection.counters`): a completion with an
+error status, a receive completion naming a slot that is not posted or longer than a buffer, a send
+completion the engine does not know, a frame the engine rejects
+(:class:`~pyrds.userspace.proto.ProtocolError`), a failing verbs call, and the CM events that drop a kernel
+connection (errors, REJECTED, DISCONNECTED, DEVICE_REMOVAL, ADDR_CHANGE, TIMEWAIT_EXIT). The owner
+(:class:`ConnOwner`) hears about every engine event and about the end of the connection; reconnecting is
+its business.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import Protocol, cast
+
+from pyrds.userspace.proto import PathState, ProtocolError
+from pyrds.userspace.transports.ib.engine import CmAnswer, IbEngine
+from pyrds.userspace.transports.ib.events import IbEvent
+from pyrds.userspace.transports.ib.verbs import (
+    CmChannel,
+    CmEvent,
+    CmEventKind,
+    CmId,
+    Completion,
+    ConnParams,
+    QpConfig,
+    QueuePair,
+    Verbs,
+    VerbsError,
+    WcOpcode,
+    WcStatus,
+)
+from pyrds.userspace.transports.ib.wire import ACK_WR_ID, RDS_IB_PORT, RECV_BUF_SIZE
+
+__all__ = ["ConnOwner", "ConnState", "FdLoop", "IbConnection", "IbListener", "RESOLVE_TIMEOUT_MS"]
+
+log = logging.getLogger("pyrds.userspace.ib")
+
+#: ``RDS_RDMA_RESOLVE_TIMEOUT_MS``
+RESOLVE_TIMEOUT_MS = 5000
+#: CM events that end a connection (rdma_transport.c ``rds_rdma_cm_event_handler_cmn``)
+_DROP_EVENTS = frozenset(
+    {
+        CmEventKind.ADDR_ERROR,
+        CmEventKind.ROUTE_ERROR,
+        CmEventKind.CONNECT_ERROR,
+        CmEventKind.UNREACHABLE,
+        CmEventKind.REJECTED,
+        CmEventKind.DISCONNECTED,
+        CmEventKind.DEVICE_REMOVAL,
+        CmEventKind.ADDR_CHANGE,
+        CmEventKind.TIMEWAIT_EXIT,
+    }
+)
+
+
+class FdLoop(Protocol):
+    """What the driver needs of an event loop: read readiness of an fd, and timers."""
+
+    def add_reader(self, fd: int, cb: Callable[[], None]) -> None: ...
+    def remove_reader(self, fd: int) -> None: ...
+    def call_later(self, delay: float, cb: Callable[[], None]) -> None: ...
+
+
+class ConnOwner(Protocol):
+    """Who an :class:`IbConnection` reports to."""
+
+    def conn_events(self, conn: IbConnection, events: list[IbEvent]) -> None:
+        """The engine produced ``events`` (messages, pings, acks ...)."""
+
+    def conn_closed(self, conn: IbConnection, reason: str) -> None:
+        """The connection is gone (its engine is DOWN); ``reason`` says why."""
+
+
+class ConnState(enum.Enum):
+    RESOLVING_ADDR = "resolving-addr"
+    RESOLVING_ROUTE = "resolving-route"
+    CONNECTING = "connecting"  # active: REQ sent, waiting for the REP
+    ACCEPTING = "accepting"  # passive: REP sent, waiting for the RTU
+    UP = "up"
+    CLOSED = "closed"
+
+
+class IbConnection:
+    """One RC connection driving ``engine``; see the module docstring."""
+
+    def __init__(
+        self,
+        engine: IbEngine,
+        loop: FdLoop,
+        owner: ConnOwner,
+        clock: Callable[[], float],
+        *,
+        active: bool,
+    ) -> None:
+        self.engine = engine
+        self.loop = loop
+        self.owner = owner
+        self.clock = clock
+        self.active = active
+        self.state = ConnState.RESOLVING_ADDR if active else ConnState.ACCEPTING
+        self.counters: Counter[str] = Counter()
+        self.close_reason = ""
+        self.cmid: CmId | None = None
+        self.qp: QueuePair | None = None
+        self.channel: CmChannel | None = None  # active side only: the id's own event channel
+        self.port = RDS_IB_PORT
+        self.timeout_ms = RESOLVE_TIMEOUT_MS
+        self._req = b""
+        self._free_recv: list[int] = []
+        self._posted = [False] * engine.recv_wr
+        self._qp_fd = -1
+        self._ch_fd = -1
+
+    def __repr__(self) -> str:
+        side = "active" if self.active else "passive"
+        return f"<IbConnection {self.engine.laddr}->{self.engine.faddr} {side} {self.state.value}>"
+
+    # -- setup ----------------------------------------------------------------------------------------------
+    @classmethod
+    def dial(
+        cls,
+        verbs: Verbs,
+        engine: IbEngine,
+        loop: FdLoop,
+        owner: ConnOwner,
+        clock: Callable[[], float],
+        *,
+        port: int = RDS_IB_PORT,
+        timeout_ms: int = RESOLVE_TIMEOUT_MS,
+    ) -> IbConnection:
+        """Start an active connection from ``engine.laddr`` to ``engine.faddr``:``port`` (the engine must be
+        DOWN). Failures show up later as :meth:`ConnOwner.conn_closed`, never as an exception here."""
+        conn = cls(engine, loop, owner, clock, active=True)
+        conn.port = port
+        conn.timeout_ms = timeout_ms
+        conn._req = engine.connect(clock())
+        try:
+            conn.channel = verbs.create_channel()
+            conn._ch_fd = conn.channel.fileno()
+            loop.add_reader(conn._ch_fd, conn._on_channel)
+            conn.cmid = conn.channel.create_id()
+            conn.cmid.resolve_addr(str(engine.laddr), str(engine.faddr), port, timeout_ms)
+        except VerbsError as exc:
+            conn._fail("dial", exc)
+        return conn
+
+    @classmethod
+    def accept(
+        cls,
+        request: CmId,
+        answer: CmAnswer,
+        engine: IbEngine,
+        loop: FdLoop,
+        owner: ConnOwner,
+        clock: Callable[[], float],
+    ) -> IbConnection | None:
+        """Answer a CONNECT_REQUEST as the engine decided (``answer`` from :meth:`IbEngine.on_request`):
+        None after a reject, else the new connection (ACCEPTING; its CM events come from the listener)."""
+        if not answer.accept:
+            try:
+                request.reject(answer.private_data)
+            except VerbsError as exc:
+                log.debug("reject failed: %s", exc)
+            _close_quietly(request)
+            return None
+        conn = cls(engine, loop, owner, clock, active=False)
+        conn.cmid = request
+        try:
+            conn._create_qp()
+            assert conn.qp is not None
+            conn.qp.to_rts()
+            conn._post_ring()
+            request.accept(ConnParams(answer.private_data))
+        except VerbsError as exc:
+            conn._fail("accept", exc)
+        return conn
+
+    def _create_qp(self) -> None:
+        assert self.cmid is not None
+        self.qp = self.cmid.create_qp(
+            QpConfig(send_slots=self.engine.send_wr + 1, recv_slots=self.engine.recv_wr)
+        )
+        self._qp_fd = self.qp.fileno()
+        self.loop.add_reader(self._qp_fd, self._on_cq)
+        self.qp.to_init()
+
+    def _post_ring(self) -> None:
+        """Post every receive buffer (before the peer can send: accept / establish)."""
+        assert self.qp is not None
+        for slot in range(self.engine.recv_wr):
+            self.qp.post_recv(slot)
+            self._posted[slot] = True
+        self._free_recv.clear()
+
+    # -- CM events ------------------------------------------------------------------------------------------
+    def _on_channel(self) -> None:
+        while self.channel is not None and self.state != ConnState.CLOSED:
+            try:
+                ev = self.channel.get_event()
+            except VerbsError as exc:
+                self._fail("cm event", exc)
+                return
+            if ev is None:
+                return
+            self.handle_cm(ev)
+
+    def handle_cm(self, ev: CmEvent) -> None:
+        """One CM event of this connection's id (from its own channel or, passive, from the listener's)."""
+        if self.state == ConnState.CLOSED:
+            return
+        kind = ev.kind
+        self.counters[f"cm_{kind.name.lower()}"] += 1
+        try:
+            if kind == CmEventKind.ADDR_RESOLVED and self.state == ConnState.RESOLVING_ADDR:
+                assert self.cmid is not None
+                self.cmid.resolve_route(self.timeout_ms)
+                self.state = ConnState.RESOLVING_ROUTE
+            elif kind == CmEventKind.ROUTE_RESOLVED and self.state == ConnState.RESOLVING_ROUTE:
+                assert self.cmid is not None
+                self._create_qp()
+                self.cmid.connect(ConnParams(self._req))
+                self.state = ConnState.CONNECTING
+            elif kind == CmEventKind.CONNECT_RESPONSE and self.state == ConnState.CONNECTING:
+                self._on_reply(ev.private_data)
+            elif kind == CmEventKind.ESTABLISHED and self.state == ConnState.ACCEPTING:
+                self._come_up()
+            elif kind == CmEventKind.ESTABLISHED and self.state == ConnState.UP:
+                pass  # already up from the first receive completion
+            elif kind in _DROP_EVENTS:
+                self.close(kind.name.lower())
+            else:
+                self.counters["cm_unexpected_event"] += 1
+                log.debug("%r: unexpected CM event %s (raw %d)", self, kind.name, ev.raw)
+        except VerbsError as exc:
+            self._fail(kind.name.lower(), exc)
+
+    def _on_reply(self, private_data: bytes) -> None:
+        try:
+            events = self.engine.on_reply(private_data, self.clock())
+        except ProtocolError as exc:
+            self.counters["ib_bad_reply"] += 1
+            self.close(f"bad reply: {exc}")
+            return
+        assert self.qp is not None and self.cmid is not None
+        self._post_ring()
+        self.qp.to_rts()
+        self.cmid.establish()
+        self._take_ring()
+        self.state = ConnState.UP
+        self.counters["ib_connected"] += 1
+        self._report(events)
+        self._pump()
+
+    def _take_ring(self) -> None:
+        """The engine just came UP and asks for the whole ring: it is posted already."""
+        want = self.engine.recv_to_post()
+        if want != sum(self._posted):
+            self.counters["ib_recv_ring_mismatch"] += 1
+
+    def _come_up(self) -> None:
+        events = self.engine.established(self.clock())
+        self._take_ring()
+        self.state = ConnState.UP
+        self.counters["ib_connected"] += 1
+        self._report(events)
+        self._pump()
+
+    # -- completions ----------------------------------------------------------------------------------------
+    def _closed(self) -> bool:
+        return self.state == ConnState.CLOSED
+
+    def _on_cq(self) -> None:
+        if self.state == ConnState.CLOSED or self.qp is None:
+            return
+        try:
+            wcs = self.qp.completions()
+        except VerbsError as exc:
+            self._fail("cq", exc)
+            return
+        for wc in wcs:
+            if self._closed():
+                return
+            self._completion(wc)
+        self._pump()
+
+    def _completion(self, wc: Completion) -> None:
+        if wc.status != WcStatus.SUCCESS:
+            name = "flushed" if wc.status == WcStatus.WR_FLUSH_ERR else f"wc status {wc.status}"
+            self.counters["ib_wc_error"] += 1
+            self.close(f"{'receive' if wc.is_recv else 'send'} completion {name}")
+            return
+        if wc.is_recv:
+            self._recv_completion(wc)
+            return
+        if wc.opcode != WcOpcode.SEND:
+            self.counters["ib_bad_completion"] += 1
+            self.close(f"send completion with opcode {wc.opcode}")
+            return
+        try:
+            self.engine.send_complete(wc.wr_id)
+        except ValueError as exc:
+            self.counters["ib_bad_completion"] += 1
+            self.close(f"bad send completion: {exc}")
+
+    def _recv_completion(self, wc: Completion) -> None:
+        assert self.qp is not None
+        slot = wc.wr_id
+        if not 0 <= slot < len(self._posted) or not self._posted[slot]:
+            self.counters["ib_bad_completion"] += 1
+            self.close(f"receive completion for slot {slot}, not posted")
+            return
+        if not 0 <= wc.byte_len <= RECV_BUF_SIZE:
+            self.counters["ib_protocol_error"] += 1
+            self.counters["ib_drop_long_frame"] += 1
+            self.close(f"protocol error: receive of {wc.byte_len} bytes")
+            return
+        data = self.qp.read_recv(slot, wc.byte_len)
+        if self.state == ConnState.ACCEPTING:
+            self._come_up()  # data overtook the RTU; the engine now counts the whole ring posted
+        # the buffer is free (to be reposted when the engine asks) only now: before coming UP it was part of
+        # the ring the engine counts as posted
+        self._posted[slot] = False
+        self._free_recv.append(slot)
+        if self.state != ConnState.UP:
+            self.counters["ib_recv_not_up"] += 1
+            return
+        try:
+            events = self.engine.recv_complete(data, self.clock(), wc.opcode)
+        except ProtocolError as exc:
+            self._report(cast(list[IbEvent], exc.partial))
+            self.close(f"protocol error: {exc}")
+            return
+        self._report(events)
+
+    # -- send / refill --------------------------------------------------------------------------------------
+    def kick(self) -> None:
+        """Post what the engine has to send (after a message was queued)."""
+        self._pump()
+
+    def _pump(self) -> None:
+        if self.state != ConnState.UP or self.qp is None:
+            return
+        try:
+            want = self.engine.recv_to_post()
+            if want > len(self._free_recv):
+                self.counters["ib_recv_ring_mismatch"] += 1
+            for _ in range(min(want, len(self._free_recv))):
+                slot = self._free_recv.pop()
+                self.qp.post_recv(slot)
+                self._posted[slot] = True
+            send_wr = self.engine.send_wr
+            for wr in self.engine.poll_send():
+                slot = send_wr if wr.wr_id == ACK_WR_ID else wr.wr_id % send_wr
+                self.qp.post_send(slot, wr.wr_id, wr.data, wr.signaled, wr.solicited)
+                self.counters["ib_tx_wr"] += 1
+        except VerbsError as exc:
+            self._fail("post", exc)
+
+    # -- teardown -------------------------------------------------------------------------------------------
+    def _fail(self, what: str, exc: VerbsError) -> None:
+        self.counters["ib_verbs_error"] += 1
+        self.close(f"{what}: {exc}")
+
+    def close(self, reason: str = "closed") -> None:
+        """Tear down (idempotent): the engine goes DOWN, the QP to ERR and away, the id disconnects and is
+        destroyed, and the owner hears :meth:`ConnOwner.conn_closed`."""
+        if self.state == ConnState.CLOSED:
+            return
+        was = self.state
+        self.state = ConnState.CLOSED
+        self.close_reason = reason
+        if self.engine.state != PathState.DOWN:
+            self.engine.connection_lost(self.clock())
+        if self._qp_fd >= 0:
+            self.loop.remove_reader(self._qp_fd)
+            self._qp_fd = -1
+        if self.qp is not None:
+            try:
+                self.qp.to_error()
+            except VerbsError as exc:
+                log.debug("%r: QP to ERR failed: %s", self, exc)
+            _close_quietly(self.qp)
+            self.qp = None
+        if self.cmid is not None:
+            if was in (ConnState.UP, ConnState.ACCEPTING):
+                try:
+                    self.cmid.disconnect()
+                except VerbsError as exc:
+                    log.debug("%r: disconnect failed: %s", self, exc)
+            _close_quietly(self.cmid)
+            self.cmid = None
+        if self._ch_fd >= 0:
+            self.loop.remove_reader(self._ch_fd)
+            self._ch_fd = -1
+        if self.channel is not None:
+            _close_quietly(self.channel)
+            self.channel = None
+        log.debug("%r closed: %s", self, reason)
+        self.owner.conn_closed(self, reason)
+
+    def _report(self, events: list[IbEvent]) -> None:
+        if events:
+            self.owner.conn_events(self, events)
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+def _close_quietly(obj: _Closable) -> None:
+    try:
+        obj.close()
+    except VerbsError as exc:
+        log.debug("close of %r failed: %s", obj, exc)
+
+
+class IbListener:
+    """The passive side's rdma_cm listener on ``addr``:``port``. CONNECT_REQUESTs go to ``on_request``, which
+    returns the connection it made (or None); every other event on the listener's channel belongs to an
+    accepted id and goes to the current passive connection.
+
+    pyverbs 44 does not say which id an event is for, and accepted ids report on the listener's channel, so
+    only one passive connection can be in progress or UP at a time; ``on_request`` must reject others (the
+    owner's business; :attr:`passive` is the one it may keep).
+    """
+
+    def __init__(
+        self,
+        verbs: Verbs,
+        loop: FdLoop,
+        addr: str,
+        on_request: Callable[[CmEvent], IbConnection | None],
+        *,
+        port: int = RDS_IB_PORT,
+        backlog: int = 128,
+    ) -> None:
+        self.verbs = verbs
+        self.loop = loop
+        self.addr = addr
+        self.port = port
+        self.backlog = backlog
+        self.on_request = on_request
+        self.passive: IbConnection | None = None
+        self.counters: Counter[str] = Counter()
+        self.channel: CmChannel | None = None
+        self.cmid: CmId | None = None
+        self._fd = -1
+
+    def start(self) -> None:
+        """Listen; :class:`VerbsError` if that is impossible (nothing is left open then)."""
+        channel = self.verbs.create_channel()
+        try:
+            cmid = channel.create_id()
+            try:
+                cmid.listen(self.addr, self.port, self.backlog)
+            except VerbsError:
+                _close_quietly(cmid)
+                raise
+        except VerbsError:
+            _close_quietly(channel)
+            raise
+        self.channel = channel
+        self.cmid = cmid
+        self._fd = channel.fileno()
+        self.loop.add_reader(self._fd, self._on_channel)
+
+    @property
+    def busy(self) -> bool:
+        return self.passive is not None and self.passive.state != ConnState.CLOSED
+
+    def _on_channel(self) -> None:
+        while self.channel is not None:
+            try:
+                ev = self.channel.get_event()
+            except VerbsError as exc:
+                self.counters["ib_listener_error"] += 1
+                log.warning("listener %s:%d: %s", self.addr, self.port, exc)
+                return
+            if ev is None:
+                return
+            if ev.kind == CmEventKind.CONNECT_REQUEST:
+                self.counters["ib_listener_requests"] += 1
+                if ev.request is None:
+                    self.counters["ib_listener_error"] += 1
+                    continue
+                conn = self.on_request(ev)
+                if conn is not None and conn.state != ConnState.CLOSED:
+                    self.passive = conn
+            elif self.busy:
+                assert self.passive is not None
+                self.passive.handle_cm(ev)
+            else:
+                self.counters["ib_listener_stray_event"] += 1
+                log.debug("listener %s:%d: event %s for no connection", self.addr, self.port, ev.kind.name)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self.loop.remove_reader(self._fd)
+            self._fd = -1
+        if self.cmid is not None:
+            _close_quietly(self.cmid)
+            self.cmid = None
+        if self.channel is not None:
+            _close_quietly(self.channel)
+            self.channel = None

@@ -1,0 +1,404 @@
+"""The real :mod:`.verbs` interface over rdma-core's pyverbs (Debian bookworm's python3-pyverbs 44 and later).
+
+Importing this module imports pyverbs; nothing else in pyrds imports this module unless IB is used. All
+untyped pyverbs calls are here; every pyverbs error becomes a :class:`~.verbs.VerbsError`.
+
+Workarounds for pyverbs <= 56 (rds-ib-facts.md 5.1-5.5, read in rdma-core v44.0 ``pyverbs/*.pyx``):
+
+- Neither ``CMEventChannel`` nor ``CompChannel`` exposes its fd. Each is found by listing ``/proc/self/fd``
+  before and after creating it and taking the one new fd whose link is ``/dev/infiniband/rdma_cm``
+  (resp. ``anon_inode:[infinibandevent]``); it is then made ``O_NONBLOCK``, so ``rdma_get_cm_event`` and
+  ``ibv_get_cq_event`` fail with EAGAIN instead of blocking (with the GIL held) when nothing is pending.
+- ``CMEvent`` does not say which id an event is for: an active id gets its own channel; accepted ids share
+  the listener's (see :class:`~.driver.IbListener`). Each event is acknowledged right after its private
+  data is copied (``rdma_destroy_id`` waits for unacked events of its id).
+- ``CMID.close`` sets its ``Context``/``PD`` wrappers' pointers to NULL, and an accepted id's wrappers are the
+  *listener's*. The queue pair therefore opens its own device context (``Context(name=dev_name)``) and PD,
+  and never uses the id's.
+- ``CompChannel.get_cq_event`` raises (and leaves the event unacked) when the event is for another CQ than
+  the one named: there is one CQ per QP, for sends and receives.
+- ``SendWR``/``RecvWR`` malloc their SGE array and never free it (the destructor is misspelt): every work
+  request object is made once per queue pair and reused. A send WR's SGE list is pointed at a per-slot
+  ``SGE`` (``wr.sg_list = sge``) whose ``length`` is set per post; these objects are never ``close()``d
+  (that would free the SGE twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pyrds.constants import RDS_HEADER_SIZE
+from pyrds.userspace.transports.ib.verbs import (
+    CmEvent,
+    CmEventKind,
+    Completion,
+    ConnParams,
+    QpConfig,
+    VerbsError,
+)
+
+__all__ = ["PyverbsVerbs", "find_new_fd"]
+
+_CM_DEV = "/dev/infiniband/rdma_cm"
+_CQ_EVENT_LINK = "anon_inode:[infinibandevent]"
+_POLL_BATCH = 64
+_EVENTS_WITH_DATA = frozenset(
+    {CmEventKind.CONNECT_REQUEST, CmEventKind.CONNECT_RESPONSE, CmEventKind.REJECTED, CmEventKind.ESTABLISHED}
+)
+
+
+def _fd_links() -> dict[int, str]:
+    links: dict[int, str] = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            links[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except (OSError, ValueError):
+            continue
+    return links
+
+
+def find_new_fd(before: dict[int, str], after: dict[int, str], link: str) -> int:
+    """The one fd in ``after`` that is not in ``before`` (or now points elsewhere) and links to ``link``."""
+    new = [fd for fd, target in after.items() if target == link and before.get(fd) != target]
+    if len(new) != 1:
+        raise VerbsError(f"cannot tell the {link} fd apart: candidates {sorted(new)}")
+    return new[0]
+
+
+def _set_nonblocking(fd: int) -> None:
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+
+
+class _Pv:
+    """The pyverbs modules (imported on first use)."""
+
+    def __init__(self) -> None:
+        import pyverbs.cm_enums as ce
+        import pyverbs.cmid as cmid
+        import pyverbs.cq as cq
+        import pyverbs.device as device
+        import pyverbs.enums as e
+        import pyverbs.mr as mr
+        import pyverbs.pd as pd
+        import pyverbs.qp as qp
+        import pyverbs.wr as wr
+        from pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError
+
+        self.ce: Any = ce
+        self.cmid: Any = cmid
+        self.cq: Any = cq
+        self.device: Any = device
+        self.e: Any = e
+        self.mr: Any = mr
+        self.pd: Any = pd
+        self.qp: Any = qp
+        self.wr: Any = wr
+        self.error: type[Exception] = PyverbsError
+        self.rdma_error: type[Exception] = PyverbsRDMAError
+
+
+def _errno_of(exc: BaseException) -> int:
+    code = getattr(exc, "error_code", 0)
+    return code if isinstance(code, int) and code > 0 else 0
+
+
+@contextlib.contextmanager
+def _wrapped(pv: _Pv, what: str) -> Iterator[None]:
+    try:
+        yield
+    except pv.error as exc:
+        raise VerbsError(f"{what}: {exc}", _errno_of(exc)) from exc
+    except OSError as exc:
+        raise VerbsError(f"{what}: {exc}", exc.errno or 0) from exc
+
+
+class PyverbsVerbs:
+    """:class:`~.verbs.Verbs` over pyverbs."""
+
+    def __init__(self) -> None:
+        self.pv = _Pv()
+
+    def create_channel(self) -> PvChannel:
+        return PvChannel(self.pv)
+
+
+class PvChannel:
+    def __init__(self, pv: _Pv) -> None:
+        self.pv = pv
+        self.listen_id: Any = None
+        before = _fd_links()
+        with _wrapped(pv, "rdma_create_event_channel"):
+            self._ch: Any = pv.cmid.CMEventChannel()
+        try:
+            self._fd = find_new_fd(before, _fd_links(), _CM_DEV)
+            _set_nonblocking(self._fd)
+        except (VerbsError, OSError):
+            self._ch.close()
+            raise
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def create_id(self) -> PvId:
+        with _wrapped(self.pv, "rdma_create_id"):
+            cmid = self.pv.cmid.CMID(creator=self._ch, port_space=self.pv.ce.RDMA_PS_TCP)
+        return PvId(self, cmid)
+
+    def get_event(self) -> CmEvent | None:
+        pv = self.pv
+        try:
+            ev = pv.cmid.CMEvent(self._ch)
+        except pv.rdma_error as exc:
+            if _errno_of(exc) in (errno.EAGAIN, errno.EWOULDBLOCK):
+                return None
+            raise VerbsError(f"rdma_get_cm_event: {exc}", _errno_of(exc)) from exc
+        except pv.error as exc:
+            raise VerbsError(f"rdma_get_cm_event: {exc}") from exc
+        try:
+            raw = int(ev.event_type)
+            kind = CmEventKind.of(raw)
+            data = bytes(ev.private_data) if kind in _EVENTS_WITH_DATA else b""
+            request: PvId | None = None
+            if kind == CmEventKind.CONNECT_REQUEST:
+                if self.listen_id is None:
+                    raise VerbsError("connect request on a channel without a listener")
+                with _wrapped(pv, "CMID from request"):
+                    request = PvId(self, pv.cmid.CMID(creator=ev, listen_id=self.listen_id))
+        finally:
+            with _wrapped(pv, "rdma_ack_cm_event"):
+                ev.ack_cm_event()
+        return CmEvent(kind, data, request, raw)
+
+    def close(self) -> None:
+        with _wrapped(self.pv, "rdma_destroy_event_channel"):
+            self._ch.close()
+
+
+class PvId:
+    def __init__(self, channel: PvChannel, cmid: Any) -> None:
+        self.channel = channel
+        self.pv = channel.pv
+        self._id: Any = cmid
+        self._qp: PvQueuePair | None = None
+
+    def resolve_addr(self, src: str, dst: str, port: int, timeout_ms: int) -> None:
+        pv = self.pv
+        with _wrapped(pv, "rdma_resolve_addr"):
+            ai = pv.cmid.AddrInfo(src=src, dst=dst, dst_service=str(port), port_space=pv.ce.RDMA_PS_TCP)
+            self._id.resolve_addr(ai, timeout_ms)
+
+    def resolve_route(self, timeout_ms: int) -> None:
+        with _wrapped(self.pv, "rdma_resolve_route"):
+            self._id.resolve_route(timeout_ms)
+
+    def listen(self, addr: str, port: int, backlog: int) -> None:
+        pv = self.pv
+        with _wrapped(pv, "rdma_bind_addr/listen"):
+            ai = pv.cmid.AddrInfo(
+                src=addr, src_service=str(port), port_space=pv.ce.RDMA_PS_TCP, flags=pv.ce.RAI_PASSIVE
+            )
+            self._id.bind_addr(ai)
+            self._id.listen(backlog)
+        self.channel.listen_id = self._id
+
+    def create_qp(self, config: QpConfig) -> PvQueuePair:
+        with _wrapped(self.pv, "device name"):
+            dev = str(self._id.dev_name)
+        self._qp = PvQueuePair(self.pv, self._id, dev, config)
+        return self._qp
+
+    def _conn_param(self, params: ConnParams, qp_num: int) -> Any:
+        cp = self.pv.cmid.ConnParam(
+            resources=params.responder_resources,
+            depth=params.initiator_depth,
+            retry=params.retry,
+            rnr_retry=params.rnr_retry,
+            qp_num=qp_num,
+            data_len=len(params.private_data),
+        )
+        cp.set_private_data(params.private_data)
+        return cp
+
+    def _qp_num(self) -> int:
+        if self._qp is None:
+            raise VerbsError("connect/accept before create_qp")
+        return self._qp.qp_num
+
+    def connect(self, params: ConnParams) -> None:
+        with _wrapped(self.pv, "rdma_connect"):
+            self._id.connect(self._conn_param(params, self._qp_num()))
+
+    def accept(self, params: ConnParams) -> None:
+        with _wrapped(self.pv, "rdma_accept"):
+            self._id.accept(self._conn_param(params, self._qp_num()))
+
+    def reject(self, data: bytes) -> None:
+        with _wrapped(self.pv, "rdma_reject"):
+            self._id.reject(data)
+
+    def establish(self) -> None:
+        with _wrapped(self.pv, "rdma_establish"):
+            self._id.establish()
+
+    def disconnect(self) -> None:
+        with _wrapped(self.pv, "rdma_disconnect"):
+            self._id.disconnect()
+
+    def close(self) -> None:
+        with _wrapped(self.pv, "rdma_destroy_id"):
+            self._id.close()
+
+
+class PvQueuePair:
+    """Context + PD + completion channel + one CQ + RC QP + send/receive MRs and prebuilt work requests."""
+
+    def __init__(self, pv: _Pv, cmid: Any, dev: str, config: QpConfig) -> None:
+        self.pv = pv
+        self._cmid = cmid
+        self.config = config
+        self._closers: list[Callable[[], None]] = []
+        e = pv.e
+        try:
+            with _wrapped(pv, f"open {dev}"):
+                self.ctx: Any = pv.device.Context(name=dev)
+                self._closers.append(self.ctx.close)
+                self.pd: Any = pv.pd.PD(self.ctx)
+                self._closers.append(self.pd.close)
+                before = _fd_links()
+                self.cc: Any = pv.cq.CompChannel(self.ctx)
+                self._closers.append(self.cc.close)
+            self._fd = find_new_fd(before, _fd_links(), _CQ_EVENT_LINK)
+            _set_nonblocking(self._fd)
+            buf = config.recv_buf_size
+            with _wrapped(pv, "create CQ/QP/MR"):
+                self.cq: Any = pv.cq.CQ(self.ctx, config.send_slots + config.recv_slots + 1, None, self.cc, 0)
+                self._closers.append(self.cq.close)
+                cap = pv.qp.QPCap(
+                    max_send_wr=config.send_slots,
+                    max_recv_wr=config.recv_slots,
+                    max_send_sge=1,
+                    max_recv_sge=2,
+                    max_inline_data=0,
+                )
+                init = pv.qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=0)
+                self.qp: Any = pv.qp.QP(self.pd, init)
+                self._closers.append(self.qp.close)
+                access = e.IBV_ACCESS_LOCAL_WRITE
+                self.send_mr: Any = pv.mr.MR(self.pd, config.send_slots * buf, access)
+                self._closers.append(self.send_mr.close)
+                self.recv_mr: Any = pv.mr.MR(self.pd, config.recv_slots * buf, access)
+                self._closers.append(self.recv_mr.close)
+                self._build_wrs()
+                self.cq.req_notify(False)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build_wrs(self) -> None:
+        pv, buf = self.pv, self.config.recv_buf_size
+        lkey = int(self.recv_mr.lkey)
+        base = int(self.recv_mr.buf)
+        self._recv_wrs: list[Any] = []
+        self._keep: list[Any] = []
+        for slot in range(self.config.recv_slots):
+            addr = base + slot * buf
+            sges = [
+                pv.wr.SGE(addr, RDS_HEADER_SIZE, lkey),
+                pv.wr.SGE(addr + RDS_HEADER_SIZE, buf - RDS_HEADER_SIZE, lkey),
+            ]
+            self._keep.append(sges)
+            self._recv_wrs.append(pv.wr.RecvWR(wr_id=slot, num_sge=2, sg=sges))
+        lkey = int(self.send_mr.lkey)
+        base = int(self.send_mr.buf)
+        self._send_sges: list[Any] = []
+        self._send_wrs: list[Any] = []
+        for slot in range(self.config.send_slots):
+            sge = pv.wr.SGE(base + slot * buf, 0, lkey)
+            wr = pv.wr.SendWR(wr_id=0, opcode=pv.e.IBV_WR_SEND, num_sge=1, sg=[sge], send_flags=0)
+            wr.sg_list = sge
+            self._send_sges.append(sge)
+            self._send_wrs.append(wr)
+
+    @property
+    def qp_num(self) -> int:
+        return int(self.qp.qp_num)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def _modify_via_cm(self, state: Any) -> None:
+        attr, mask = self._cmid.init_qp_attr(state)
+        self.qp.modify(attr, mask)
+
+    def to_init(self) -> None:
+        with _wrapped(self.pv, "QP to INIT"):
+            self._modify_via_cm(self.pv.e.IBV_QPS_INIT)
+
+    def to_rts(self) -> None:
+        with _wrapped(self.pv, "QP to RTR/RTS"):
+            self._modify_via_cm(self.pv.e.IBV_QPS_RTR)
+            self._modify_via_cm(self.pv.e.IBV_QPS_RTS)
+
+    def to_error(self) -> None:
+        e = self.pv.e
+        with _wrapped(self.pv, "QP to ERR"):
+            self.qp.modify(self.pv.qp.QPAttr(qp_state=e.IBV_QPS_ERR), e.IBV_QP_STATE)
+
+    def post_recv(self, slot: int) -> None:
+        with _wrapped(self.pv, "ibv_post_recv"):
+            self.qp.post_recv(self._recv_wrs[slot])
+
+    def post_send(self, slot: int, wr_id: int, data: bytes, signaled: bool, solicited: bool) -> None:
+        buf = self.config.recv_buf_size
+        if not 0 <= slot < self.config.send_slots or len(data) > buf:
+            raise VerbsError(f"send of {len(data)} bytes in slot {slot}")
+        e = self.pv.e
+        flags = (e.IBV_SEND_SIGNALED if signaled else 0) | (e.IBV_SEND_SOLICITED if solicited else 0)
+        with _wrapped(self.pv, "ibv_post_send"):
+            if data:
+                self.send_mr.write(data, len(data), slot * buf)
+            self._send_sges[slot].length = len(data)
+            wr = self._send_wrs[slot]
+            wr.wr_id = wr_id
+            wr.send_flags = flags
+            self.qp.post_send(wr)
+
+    def read_recv(self, slot: int, length: int) -> bytes:
+        buf = self.config.recv_buf_size
+        if not 0 <= slot < self.config.recv_slots or not 0 <= length <= buf:
+            raise VerbsError(f"read of {length} bytes from slot {slot}")
+        with _wrapped(self.pv, "MR read"):
+            return bytes(self.recv_mr.read(length, slot * buf))
+
+    def completions(self) -> list[Completion]:
+        pv = self.pv
+        try:
+            self.cc.get_cq_event(self.cq)
+        except pv.rdma_error as exc:
+            if _errno_of(exc) not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                raise VerbsError(f"ibv_get_cq_event: {exc}", _errno_of(exc)) from exc
+        else:
+            with _wrapped(pv, "ibv_ack_cq_events"):
+                self.cq.ack_events(1)
+        out: list[Completion] = []
+        with _wrapped(pv, "ibv_poll_cq"):
+            self.cq.req_notify(False)
+            while True:
+                n, wcs = self.cq.poll(_POLL_BATCH)
+                for wc in wcs:
+                    out.append(Completion(int(wc.wr_id), int(wc.status), int(wc.opcode), int(wc.byte_len)))
+                if int(n) < _POLL_BATCH:
+                    break
+        return out
+
+    def close(self) -> None:
+        closers, self._closers = self._closers, []
+        for close in reversed(closers):
+            with contextlib.suppress(Exception):
+                close()
