@@ -326,3 +326,30 @@ def test_listener_port_in_use() -> None:
 def test_cm_event_kinds_map_unknown_values() -> None:
     assert CmEventKind.of(9) == CmEventKind.ESTABLISHED
     assert CmEventKind.of(12) == CmEventKind.OTHER
+
+
+def test_find_new_fd_picks_the_one_new_link() -> None:
+    from pyrds.userspace.transports.ib.pyverbs_backend import find_new_fd
+    from pyrds.userspace.transports.ib.verbs import VerbsError
+
+    cm = "/dev/infiniband/rdma_cm"
+    before = {0: "/dev/null", 3: cm}
+    assert find_new_fd(before, {**before, 5: "/dev/infiniband/uverbs0", 6: cm}, cm) == 6
+    # an fd number reused for the channel counts as new; no new fd or two of them is an error
+    assert find_new_fd({4: "pipe:[1]"}, {4: cm}, cm) == 4
+    with pytest.raises(VerbsError):
+        find_new_fd(before, dict(before), cm)
+    with pytest.raises(VerbsError):
+        find_new_fd(before, {**before, 6: cm, 7: cm}, cm)
+
+
+def test_importing_the_driver_does_not_import_pyverbs() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pyrds, pyrds.userspace.transports.ib.node, pyrds.userspace.transports.ib.driver\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'pyverbs'], 'pyverbs imported'\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
