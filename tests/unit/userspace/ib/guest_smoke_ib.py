@@ -151,7 +151,7 @@ BULK_SIZES = [64 * 1024, 64 * 1024, 4097, 1]
 def run_bulk(
     loop: Loop, a: Any, b: Any, a_ip: str, b_ip: str, got: dict[str, list[Any]], n: int, timeout: float
 ) -> bool:
-    """``n`` messages each way at once (more fragments than either ring holds): all arrive in order, acked."""
+    """``n`` messages each way at once (more fragments than either ring holds): all arrive, in order."""
     base_a, base_b = len(got["B"]), len(got["A"])
     want = [payload(BULK_SIZES[i % len(BULK_SIZES)], 100 + i) for i in range(n)]
     t0 = time.monotonic()
@@ -159,23 +159,18 @@ def run_bulk(
         a.send(b_ip, SPORT_A, PORT_B, data)
         b.send(a_ip, PORT_B, SPORT_A, data[::-1])
     ea, eb = a.engine(b_ip), b.engine(a_ip)
-    done = loop.run_until(
-        lambda: (
-            len(got["B"]) - base_a >= n
-            and len(got["A"]) - base_b >= n
-            and ea.path.queued_msgs == 0
-            and eb.path.queued_msgs == 0
-        ),
-        timeout,
-    )
+    done = loop.run_until(lambda: len(got["B"]) - base_a >= n and len(got["A"]) - base_b >= n, timeout)
     dt = time.monotonic() - t0
     nbytes = sum(map(len, want))
     frags = sum(max(1, -(-len(d) // 4096)) for d in want)
     print(
-        f"bulk: {n} messages ({nbytes} bytes, {frags} fragments) each way in {dt:.2f} s; "
-        f"B got {len(got['B']) - base_a}, A got {len(got['A']) - base_b}; queues {ea.path.queued_msgs}/"
-        f"{eb.path.queued_msgs}; loop wakeups {loop.wakeups}"
+        f"bulk: {n} messages ({nbytes} bytes, {frags} fragments) each way delivered in {dt:.2f} s; "
+        f"B got {len(got['B']) - base_a}, A got {len(got['A']) - base_b}; loop wakeups {loop.wakeups}"
     )
+    # what is still unacked stays so until the peer sends again: only every 9th message asks for an ACK
+    # (send.c max_unacked_packets), as between kernels
+    loop.run_until(lambda: ea.path.queued_msgs == 0 and eb.path.queued_msgs == 0, 5)
+    print(f"bulk: still unacked after 5 s: A {ea.path.queued_msgs}, B {eb.path.queued_msgs}")
     ok = done and [m.payload for m in got["B"][base_a:]] == want
     ok = ok and [m.payload for m in got["A"][base_b:]] == [d[::-1] for d in want]
     report_node("A", a)
@@ -246,11 +241,14 @@ def mode_userspace(topo: str, timeout: float, bulk: int = 0) -> bool:
         ca = a.connection(b_ip)
         if cb is not None and ca is not None:
             cb.close("smoke: B hangs up")
-            gone = loop.run_until(lambda: a.connection(b_ip) is None, 20)
+            # A redials at once if it still holds unacked messages: then a new connection comes up
+            gone = loop.run_until(lambda: ca.close_reason != "", 20)
             print(
-                f"after B hung up: A's connection gone: {gone}, A closed {[(str(p), r) for p, r in a.closed]}"
+                f"after B hung up: A's connection {ca!r} ended: {ca.close_reason!r}; A's {dict(a.counters)}"
             )
-            ok = ok and gone
+            ok = ok and gone and ca.close_reason == "disconnected"
+            loop.run_until(lambda: False, 2)
+            print(f"then: A's connection {a.connection(b_ip)!r}, B's {b.connection(a_ip)!r}")
         a.close()
         b.close()
     finally:
