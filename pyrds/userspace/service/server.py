@@ -37,7 +37,7 @@ from pyrds.userspace.stack.errors import StackError
 from pyrds.userspace.stack.outbox import Outbox
 from pyrds.userspace.stack.resources import FD_EXHAUSTED, SpareFd
 from pyrds.userspace.stack.sockstate import SockState
-from pyrds.userspace.transports import loop_transport, tcp_transport
+from pyrds.userspace.transports import ib_transport, loop_transport, rdma_available, tcp_transport
 
 __all__ = ["Service"]
 
@@ -116,6 +116,16 @@ class Service:
         tcp = tcp_transport(self.stack, self.loop)
         self.stack.attach(tcp)
         tcp.start()
+
+    def start_ib(self) -> bool:
+        """Attach the RDS/IB transport when it can exist here: the initial network namespace (as the kernel's
+        rds_rdma), an RDMA device, and pyverbs (imported now: ImportError without it). False: not attached."""
+        if not self.config.initial_netns or not rdma_available():
+            return False
+        ib = ib_transport(self.stack, self.loop)
+        ib.start()
+        self.stack.attach(ib)
+        return True
 
     def stop(self) -> None:
         self._stop.set()

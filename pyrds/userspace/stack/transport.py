@@ -146,6 +146,11 @@ class Transport(Protocol):
     def start(self) -> None:
         """Begin accepting connections from peers (a listener); OSError when that is impossible."""
 
+    def laddr_check(self, ip: IPAddress) -> bool:
+        """``t->laddr_check``: a socket pinned to this transport may bind ``ip`` (else bind fails with
+        ENOPROTOOPT)."""
+        ...
+
     def transmit(self, msg: Outgoing, hash_key: HashKey) -> None:
         """Queue ``msg`` toward ``msg.daddr``; ``hash_key`` picks the path of a multipath connection."""
 
@@ -180,17 +185,22 @@ class Transport(Protocol):
     def info_tcp_sockets(self) -> Iterable[TcpSocketRow]: ...
 
 
-def select_transport(transports: Iterable[Transport], local_dest: bool) -> Transport | None:
+def select_transport(
+    transports: Iterable[Transport], local_dest: bool, pinned: TransportType | None = None
+) -> Transport | None:
     """``rds_trans_get_preferred`` + ``t_prefer_loopback``: the transport for a destination, None for none.
 
     A destination local to the node goes to the loop transport when the network transport prefers loopback (or
-    there is none); any other destination goes to the first network transport."""
+    there is none); any other destination goes to the first network transport. The network transport of a
+    socket pinned to IB (SO_RDS_TRANSPORT) is the IB one; every other socket's is the first that is not IB
+    (sockets are only pinned to IB explicitly)."""
     loop: Transport | None = None
     network: Transport | None = None
+    want_ib = pinned == TransportType.IB
     for t in transports:
         if t.kind == TransportType.LOOP:
             loop = loop or t
-        else:
+        elif (t.kind == TransportType.IB) == want_ib:
             network = network or t
     if local_dest and (network is None or network.prefer_loopback):
         return loop

@@ -70,6 +70,15 @@ def find_new_fd(before: dict[int, str], after: dict[int, str], link: str) -> int
     return new[0]
 
 
+def _is_ib_ca(dev: str) -> bool:
+    """``node_type == RDMA_NODE_IB_CA`` (sysfs says "1: CA"); an unreadable node_type counts as a CA."""
+    try:
+        with open(f"/sys/class/infiniband/{dev}/node_type", encoding="ascii") as f:
+            return f.read().split(":")[0].strip() == "1"
+    except (OSError, ValueError):
+        return True
+
+
 def _set_nonblocking(fd: int) -> None:
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
@@ -126,6 +135,32 @@ class PyverbsVerbs:
 
     def create_channel(self) -> PvChannel:
         return PvChannel(self.pv)
+
+    def addr_device(self, addr: str) -> str | None:
+        """rds_ib_laddr_check: bind a fresh id to ``addr`` (port 0); the device it lands on, if an IB CA.
+        Only ever a specific address: a wildcard bind leaves the id without a device, which pyverbs 44
+        dereferences (rds-ib-facts.md 5.2); rdma_bind_addr fails (ENODEV) for an address without one."""
+        pv = self.pv
+        try:
+            ch = pv.cmid.CMEventChannel()
+        except pv.error:
+            return None
+        try:
+            cmid = pv.cmid.CMID(creator=ch, port_space=pv.ce.RDMA_PS_TCP)
+            try:
+                ai = pv.cmid.AddrInfo(
+                    src=addr, src_service="0", port_space=pv.ce.RDMA_PS_TCP, flags=pv.ce.RAI_PASSIVE
+                )
+                cmid.bind_addr(ai)
+                dev = str(cmid.dev_name)
+            finally:
+                cmid.close()
+        except (pv.error, OSError, ValueError):
+            return None
+        finally:
+            with contextlib.suppress(Exception):
+                ch.close()
+        return dev if _is_ib_ca(dev) else None
 
 
 class PvChannel:

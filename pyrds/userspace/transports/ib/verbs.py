@@ -13,9 +13,9 @@ Three objects, each only what the driver needs:
   48 + 4096 bytes, two SGEs each) and a registered send ring (``send_slots`` buffers of up to 48 + 4096 bytes,
   one SGE). Work requests name slots; the driver decides which slot holds what.
 
-:class:`Verbs` makes channels. The real implementation is :mod:`.pyverbs_backend` (imported only when used);
-the unit tests use a fake. Nothing here imports pyverbs. Every failure of a verbs call is a
-:class:`VerbsError`.
+:class:`Verbs` makes channels and tells which addresses have an RDMA device. The real implementation is
+:mod:`.pyverbs_backend` (imported only when used); the unit tests use a fake. Nothing here imports pyverbs.
+Every failure of a verbs call is a :class:`VerbsError`.
 """
 
 from __future__ import annotations
@@ -221,3 +221,8 @@ class CmChannel(Protocol):
 
 class Verbs(Protocol):
     def create_channel(self) -> CmChannel: ...
+
+    def addr_device(self, addr: str) -> str | None:
+        """The RDMA device (an IB CA) that local IPv4 address ``addr`` belongs to, None if none: ib.c
+        ``rds_ib_laddr_check`` (``rdma_bind_addr`` of a fresh id to the address, port 0). Never raises."""
+        ...

@@ -150,6 +150,9 @@ class FakeFabric:
         self.by_fd: dict[int, FakeChannel | FakeQP] = {}
         self.unreachable: set[str] = set()
         self.qps: list[FakeQP] = []
+        #: the addresses with an RDMA device (``addr_device``), and the device of each
+        self.devices: dict[str, str] = {}
+        self.addr_checks: list[str] = []
 
     def fd(self, obj: FakeChannel | FakeQP) -> int:
         fd = next(self._fds)
@@ -173,6 +176,10 @@ class FakeVerbs:
         ch = FakeChannel(self.fabric)
         self.channels.append(ch)
         return ch
+
+    def addr_device(self, addr: str) -> str | None:
+        self.fabric.addr_checks.append(addr)
+        return self.fabric.devices.get(addr)
 
 
 class FakeChannel:
