@@ -1,6 +1,7 @@
 """The RDS/IB transport of the userspace stack (``rds_ib_transport``): one :class:`~.node.IbNode` per local
 IPv4 address that has an RDMA device, behind the :class:`~pyrds.userspace.stack.transport.Transport`
-interface.
+interface. Only sockets pinned with ``SO_RDS_TRANSPORT=IB`` use it (the kernel would also give it to an
+unpinned socket bound to an RDMA device's address: rds_trans_get_preferred tries IB before TCP).
 
 A node is made the first time an address passes :meth:`IbTransport.laddr_check` (``rds_ib_laddr_check``: a
 socket pinned to IB binds it). It listens on rdma_cm port 18634 when it can; when the port is taken (the
@@ -142,13 +143,16 @@ class IbTransport:
         try:
             node.start()
         except VerbsError as exc:
-            if exc.errno == errno.EADDRINUSE:
+            # rdma_cm reports a port bound already as EADDRNOTAVAIL (cma_check_port; what 7.3 with rds_rdma
+            # loaded gives), a socket-like stack as EADDRINUSE; the address itself passed rdma_bind_addr
+            if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
                 log.warning(
-                    "RDS/IB %s (%s): rdma_cm port %d is taken (the kernel's rds_rdma listens on it): "
+                    "RDS/IB %s (%s): rdma_cm port %d is taken (%s; the kernel's rds_rdma listens on it): "
                     "active only, peers cannot connect to this address",
                     laddr,
                     dev,
                     self.port,
+                    errno.errorcode.get(exc.errno, exc.errno),
                 )
             else:
                 log.warning("RDS/IB %s (%s): cannot listen (%s): active only", laddr, dev, exc)

@@ -153,6 +153,8 @@ class FakeFabric:
         #: the addresses with an RDMA device (``addr_device``), and the device of each
         self.devices: dict[str, str] = {}
         self.addr_checks: list[str] = []
+        #: what listen() on a bound (addr, port) fails with (98 EADDRINUSE; rdma_cm says 99 EADDRNOTAVAIL)
+        self.listen_errno = 98
 
     def fd(self, obj: FakeChannel | FakeQP) -> int:
         fd = next(self._fds)
@@ -246,7 +248,7 @@ class FakeCmId:
 
     def listen(self, addr: str, port: int, backlog: int) -> None:
         if (addr, port) in self.fabric.listeners:
-            raise VerbsError("rdma_bind_addr: address in use", 98)
+            raise VerbsError("rdma_bind_addr: address in use", self.fabric.listen_errno)
         self.fabric.listeners[(addr, port)] = self
         self.listening = (addr, port)
 

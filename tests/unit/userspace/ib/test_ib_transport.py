@@ -41,9 +41,10 @@ def ip(s: str) -> ipaddress.IPv4Address:
 class Pair:
     """Stacks A and B (each with loop + IB transports) on one fake fabric and loop."""
 
-    def __init__(self, *, kernel_holds_port: bool = False) -> None:
+    def __init__(self, *, kernel_holds_port: bool = False, listen_errno: int = errno.EADDRINUSE) -> None:
         self.fabric = FakeFabric()
         self.fabric.devices = {A: "rxe0", B: "rxe0"}
+        self.fabric.listen_errno = listen_errno
         self.clock = Clock()
         self.loop = FakeLoop(self.fabric, self.clock)
         if kernel_holds_port:  # someone (the kernel's rds_rdma) listens on A's 18634 already
@@ -198,9 +199,10 @@ def socket_addr(addr: str, port: int) -> bytes:
     return socket.AF_INET.to_bytes(2, "little") + port.to_bytes(2, "big") + ip(addr).packed + bytes(8)
 
 
-def test_listener_port_taken_runs_active_only(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("code", [errno.EADDRINUSE, errno.EADDRNOTAVAIL])
+def test_listener_port_taken_runs_active_only(caplog: pytest.LogCaptureFixture, code: int) -> None:
     caplog.set_level(logging.WARNING, logger="pyrds.userspace.ib")
-    pair = Pair(kernel_holds_port=True)
+    pair = Pair(kernel_holds_port=True, listen_errno=code)
     sa = ib_socket(pair.a, A, 4000)
     node = pair.ib_a.nodes[ip(A)]
     assert node.listener is None
