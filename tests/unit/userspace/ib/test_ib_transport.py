@@ -283,3 +283,25 @@ def test_service_start_ib_failure_propagates_for_the_daemon_to_log(monkeypatch: 
         assert [t.kind for t in svc.stack.transports] == [TransportType.LOOP]
     finally:
         svc.close()
+
+
+def test_an_ib_connection_up_keeps_an_idle_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The idle rule: with no client left, an RDS/IB connection UP keeps the stack as an RDS/TCP one does."""
+    from pyrds.userspace.service import server
+
+    pair = Pair()
+    svc = server.Service(stack=pair.a)
+    try:
+        assert not svc._peers_connected()
+        sa = ib_socket(pair.a, A, 4000)
+        ib_socket(pair.b, B, 5000)
+        pair.a.sendmsg(sa, b"x", [], 0, (ip(B), 5000), True)
+        assert not svc._peers_connected()  # queued and dialling: not yet
+        pair.loop.run()
+        assert svc._peers_connected()
+        pair.ib_a.reset()
+        assert not svc._peers_connected()
+    finally:
+        pair.ib_a.close()
+        pair.ib_b.close()
+        svc.close()
