@@ -172,8 +172,14 @@ class Stack:
                 raise StackError(errno.ENOPROTOOPT)
             trans: Transport = rs.transport
         else:
+            # rds_trans_get_preferred: loopback addresses -> loop; then each transport's laddr_check in t_type
+            # order (IB = 0 before TCP = 2): an address of an RDMA device gives RDS/IB, as in the kernel (only
+            # in the initial namespace, where the service attaches IB at all; IPv4 only, see docs)
+            ib = None if is_loopback(ip) else self.transport_of(Transport.IB)
             if is_loopback(ip):
                 trans = Transport.LOOP
+            elif ib is not None and self.config.initial_netns and ib.laddr_check(ip):
+                trans = Transport.IB
             elif local:
                 trans = Transport.TCP
             else:

@@ -15,8 +15,8 @@ Adding a transport (RDS/IB, say) means a package under ``pyrds/userspace/transpo
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterable
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from pyrds.addr import IPAddress
 from pyrds.constants import Transport as TransportType
@@ -29,6 +29,8 @@ __all__ = [
     "EventLoop",
     "HashKey",
     "MessageRow",
+    "RdmaConnectionRow",
+    "RdmaTransport",
     "StackHost",
     "TcpSocketRow",
     "Transport",
@@ -77,6 +79,37 @@ class TcpSocketRow(NamedTuple):
     last_sent_nxt: int
     last_expected_una: int
     last_seen_una: int
+
+
+class RdmaConnectionRow(NamedTuple):
+    """One connection for RDS_INFO_IB_CONNECTIONS / RDS6_INFO_IB_CONNECTIONS (``rds_info_rdma_connection``)"""
+
+    laddr: IPAddress
+    faddr: IPAddress
+    src_gid: bytes  # 16 bytes; zero unless the connection is up
+    dst_gid: bytes
+    max_send_wr: int
+    max_recv_wr: int
+    max_send_sge: int
+    rdma_mr_max: int
+    rdma_mr_size: int
+    tos: int
+    sl: int
+    cache_allocs: int
+
+
+@runtime_checkable
+class RdmaTransport(Protocol):
+    """What an RDMA transport (RDS/IB) adds to :class:`Transport` for the info tables: its connections for
+    RDS_INFO_IB_CONNECTIONS and its statistics for RDS_INFO_COUNTERS. The stack answers those tables only
+    while such a transport is attached, as a kernel only with rds_rdma loaded."""
+
+    def info_rdma_connections(self) -> Iterable[RdmaConnectionRow]: ...
+
+    def stat_counters(self) -> Mapping[str, int]:
+        """Everything the transport counted: ``rds_ib_stat_names`` names, core names it counts itself (added
+        to the stack's), and userspace-only ones."""
+        ...
 
 
 class EventLoop(Protocol):
@@ -192,8 +225,8 @@ def select_transport(
 
     A destination local to the node goes to the loop transport when the network transport prefers loopback (or
     there is none); any other destination goes to the first network transport. The network transport of a
-    socket pinned to IB (SO_RDS_TRANSPORT) is the IB one; every other socket's is the first that is not IB
-    (sockets are only pinned to IB explicitly)."""
+    socket of IB (pinned with SO_RDS_TRANSPORT, or bound to an RDMA device's address: ``Stack.bind``) is the
+    IB one; every other socket's is the first that is not IB."""
     loop: Transport | None = None
     network: Transport | None = None
     want_ib = pinned == TransportType.IB

@@ -322,6 +322,8 @@ class IbEngine:
         if self.state != PathState.UP:
             return []
         out: list[SendWR] = []
+        if self._ack_requested and self._ack_in_flight:
+            self.counters["ib_ack_send_delayed"] += 1  # rds_ib_attempt_ack: the one ACK WR is in flight
         if self._ack_requested and not self._ack_in_flight:
             self._ack_requested = False
             self._ack_in_flight = True

@@ -79,6 +79,14 @@ def _is_ib_ca(dev: str) -> bool:
         return True
 
 
+def _gid_bytes(gid: Any) -> bytes:
+    """pyverbs shows a GID as ``xxxx:xxxx:xxxx:xxxx:xxxx:xxxx:xxxx:xxxx`` (``GID`` objects via ``str``)."""
+    raw = bytes.fromhex(str(gid).replace(":", ""))
+    if len(raw) != 16:
+        raise ValueError(f"not a GID: {gid!r}")
+    return raw
+
+
 def _set_nonblocking(fd: int) -> None:
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
@@ -367,9 +375,10 @@ class PvQueuePair:
     def fileno(self) -> int:
         return self._fd
 
-    def _modify_via_cm(self, state: Any) -> None:
+    def _modify_via_cm(self, state: Any) -> Any:
         attr, mask = self._cmid.init_qp_attr(state)
         self.qp.modify(attr, mask)
+        return attr
 
     def to_init(self) -> None:
         with _wrapped(self.pv, "QP to INIT"):
@@ -377,8 +386,30 @@ class PvQueuePair:
 
     def to_rts(self) -> None:
         with _wrapped(self.pv, "QP to RTR/RTS"):
-            self._modify_via_cm(self.pv.e.IBV_QPS_RTR)
+            self._rtr_attr = self._modify_via_cm(self.pv.e.IBV_QPS_RTR)
             self._modify_via_cm(self.pv.e.IBV_QPS_RTS)
+
+    def gids(self) -> tuple[bytes, bytes]:
+        """From the RTR attributes rdma_cm gave (``rdma_init_qp_attr``: the path's address vector): the
+        destination GID, and the source GID at its ``sgid_index`` in the port's table. Zeros for what cannot
+        be read (never raises: the GIDs are only shown in RDS_INFO_IB_CONNECTIONS)."""
+        zero = bytes(16)
+        ah = getattr(getattr(self, "_rtr_attr", None), "ah_attr", None)
+        if ah is None:
+            return zero, zero
+        try:
+            dst = _gid_bytes(ah.dgid)
+            src = _gid_bytes(self.ctx.query_gid(int(ah.port_num), int(ah.sgid_index or 0)))
+        except Exception:  # whatever pyverbs raises, the table shows zeros
+            return zero, zero
+        return src, dst
+
+    @property
+    def device_max_sge(self) -> int:
+        try:
+            return int(self.ctx.query_device().max_sge)
+        except Exception:  # unknown: 0
+            return 0
 
     def to_error(self) -> None:
         e = self.pv.e

@@ -22,6 +22,7 @@ import errno
 import ipaddress
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from pyrds.addr import IPAddress
@@ -41,8 +42,15 @@ from pyrds.userspace.proto import (
 )
 from pyrds.userspace.stack.ports import is_loopback, normalize
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
-from pyrds.userspace.stack.transport import ConnectionRow, HashKey, MessageRow, StackHost, TcpSocketRow
-from pyrds.userspace.transports.ib.driver import FdLoop
+from pyrds.userspace.stack.transport import (
+    ConnectionRow,
+    HashKey,
+    MessageRow,
+    RdmaConnectionRow,
+    StackHost,
+    TcpSocketRow,
+)
+from pyrds.userspace.transports.ib.driver import ConnState, FdLoop
 from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked
 from pyrds.userspace.transports.ib.node import IbNode
 from pyrds.userspace.transports.ib.verbs import Verbs, VerbsError
@@ -58,6 +66,9 @@ NEGATIVE_CHECK_TTL = 1.0
 MAX_PEERS = 256
 #: local addresses with a node
 MAX_NODES = 64
+#: ``RDS_IB_MAX_SGE``: the kernel shows ``min(device max_sge, 8)`` as max_send_sge
+RDS_IB_MAX_SGE = 8
+_NO_GID = bytes(16)
 
 Key = tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]
 
@@ -300,3 +311,42 @@ class IbTransport:
 
     def info_tcp_sockets(self) -> Iterable[TcpSocketRow]:
         return []
+
+    def info_rdma_connections(self) -> Iterable[RdmaConnectionRow]:
+        """One row per connection (engine), as ib.c ``rds_ib_conn_info_visitor`` fills it: addresses, tos and
+        sl always; GIDs, ring sizes, max_send_sge (and, in the kernel, the MR pool and cache figures) only
+        while the connection is UP, zero otherwise (the kernel leaves those fields unwritten then). Our
+        choices where the kernel's figure does not exist here (docs/userspace.md): rdma_mr_max and
+        rdma_mr_size 0 (no MR pool: RDMA is not implemented), cache_allocs 0 (receive buffers are one
+        registered region, never allocated from a cache), sl = tos & 0xF (``TOS_TO_SL``)."""
+        rows: list[RdmaConnectionRow] = []
+        for laddr, node in self.nodes.items():
+            for faddr, engine in node.engines.items():
+                conn = node.conns.get(faddr)
+                up = engine.state == PathState.UP and conn is not None and conn.state == ConnState.UP
+                src, dst = conn.gids if up and conn is not None else (_NO_GID, _NO_GID)
+                sge = min(conn.device_max_sge, RDS_IB_MAX_SGE) if up and conn is not None else 0
+                rows.append(
+                    RdmaConnectionRow(
+                        laddr,
+                        faddr,
+                        src,
+                        dst,
+                        engine.send_wr if up else 0,
+                        engine.recv_wr if up else 0,
+                        sge,
+                        0,
+                        0,
+                        engine.tos,
+                        engine.tos & 0xF,
+                        0,
+                    )
+                )
+        return rows
+
+    def stat_counters(self) -> Counter[str]:
+        """What every node counted (RDS_INFO_COUNTERS shows the ``rds_ib_stat_names`` among them)."""
+        total: Counter[str] = Counter()
+        for node in self.nodes.values():
+            total.update(node.stat_counters())
+        return total

@@ -163,6 +163,16 @@ class QueuePair(Protocol):
     def to_error(self) -> None:
         """Move to ERR: every posted work request completes with WR_FLUSH_ERR."""
 
+    def gids(self) -> tuple[bytes, bytes]:
+        """(source, destination) GID of the connection's path, 16 bytes each, once the QP is RTR or later
+        (what ``rdma_read_gids`` gives the kernel; RoCE: the IPv4-mapped addresses); zeros when unknown."""
+        ...
+
+    @property
+    def device_max_sge(self) -> int:
+        """The device's ``max_sge`` (``ibv_device_attr``; 0 when unknown)."""
+        ...
+
     def post_recv(self, slot: int) -> None:
         """Post receive buffer ``slot`` (wr_id = slot): SGE0 48 bytes, SGE1 4096 bytes, contiguous."""
 

@@ -127,6 +127,7 @@ class FakeLink:
 #   delivery; a SEND longer than the buffer fails the test (IB_WC_LOC_LEN_ERR); to_error flushes.
 # - FakeLoop: readers are called while their fd has something pending; timers run when nothing else does.
 
+import ipaddress  # noqa: E402
 import itertools  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
@@ -254,7 +255,7 @@ class FakeCmId:
 
     def create_qp(self, config: QpConfig) -> FakeQP:
         assert self.qp is None
-        self.qp = FakeQP(self.fabric, config)
+        self.qp = FakeQP(self.fabric, config, self.src, self.dst)
         return self.qp
 
     def connect(self, params: ConnParams) -> None:
@@ -316,10 +317,19 @@ class FakeCmId:
         self.closed = True
 
 
+def roce_gid(addr: str) -> bytes:
+    """The GID RoCE gives an IPv4 address (``::ffff:a.b.c.d``), or zeros for no address."""
+    return bytes(10) + b"\xff\xff" + ipaddress.IPv4Address(addr).packed if addr else bytes(16)
+
+
 class FakeQP:
-    def __init__(self, fabric: FakeFabric, config: QpConfig) -> None:
+    #: rxe's max_sge (RXE_MAX_SGE)
+    device_max_sge = 32
+
+    def __init__(self, fabric: FakeFabric, config: QpConfig, src: str = "", dst: str = "") -> None:
         self.fabric = fabric
         self.config = config
+        self.src, self.dst = src, dst
         self.qp_num = next(fabric._qpns)
         self._fd = fabric.fd(self)
         self.state = "RESET"
@@ -345,6 +355,11 @@ class FakeQP:
     def to_rts(self) -> None:
         assert self.state == "INIT"
         self.state = "RTS"
+
+    def gids(self) -> tuple[bytes, bytes]:
+        if self.state != "RTS":
+            return bytes(16), bytes(16)
+        return roce_gid(self.src), roce_gid(self.dst)
 
     def to_error(self) -> None:
         self.state = "ERR"

@@ -138,7 +138,7 @@ def test_bind_of_an_ib_socket_needs_an_rdma_address() -> None:
 def test_only_ib_pinned_sockets_select_the_ib_transport() -> None:
     pair = Pair()
     ts = pair.a.transports  # loop, IB
-    assert select_transport(ts, local_dest=False) is None  # unpinned/TCP sockets never get IB
+    assert select_transport(ts, local_dest=False) is None  # TCP sockets never get IB (IB ones: bind decides)
     assert select_transport(ts, local_dest=False, pinned=TransportType.TCP) is None
     assert select_transport(ts, local_dest=False, pinned=TransportType.IB) is pair.ib_a
     # IB does not prefer loopback (rds_ib_transport): a local peer is reached over IB too
