@@ -15,6 +15,12 @@ replies come back on that connection.
 Checked: SO_RDS_TRANSPORT=IB and the errno of binding an IB socket to an address without an RDMA device,
 on both backends; then messages of 0, 1, 4096, 4097, 64 KiB and 1 MiB each way (payload, source address and
 port); the userspace RDS_INFO_CONNECTIONS row ("infiniband"); the service log.
+
+Then, side by side (kernel | userspace): the transport an *unpinned* socket gets when bound to an RDMA
+address (and to the address without one), with a message each way between two unpinned sockets; which
+RDS_INFO types each answers; RDS_INFO_IB_CONNECTIONS and RDS6_INFO_IB_CONNECTIONS (record size, every
+field: the kernel's row for K->U against ours for U->K); RDS_INFO_COUNTERS (the ib_* names and values).
+rds_tcp is not loaded here, so the kernel has no TCP tables or counters (the userspace stack always has TCP).
 """
 
 from __future__ import annotations
@@ -31,7 +37,10 @@ from typing import Any
 sys.path.insert(0, os.getcwd())
 
 import pyrds  # noqa: E402
+from pyrds import info  # noqa: E402
 from pyrds.constants import SOL_RDS, InfoType, SockOpt  # noqa: E402
+from pyrds.userspace import rpc  # noqa: E402
+from pyrds.userspace.stack.counters import IB_NAMES  # noqa: E402
 
 AF_RDS = 21
 RDS_TRANS_IB = 0
@@ -88,6 +97,164 @@ def bind_errno(s: Any, addr: tuple[str, int]) -> int:
 def check(ok: bool, what: str, results: list[bool]) -> None:
     print(f"{'ok  ' if ok else 'FAIL'} {what}", flush=True)
     results.append(ok)
+
+
+def transport_after_bind(s: Any, addr: tuple[str, int]) -> str:
+    e = bind_errno(s, addr)
+    if e:
+        return errno.errorcode.get(e, str(e))
+    return str(s.getsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT))
+
+
+def unpinned_checks(results: list[bool]) -> None:
+    """rds_trans_get_preferred: an unpinned socket bound to an RDMA device's address gets IB (0)."""
+    socks: list[Any] = []
+    try:
+        got = {}
+        for backend in ("kernel", "userspace"):
+            a = socket.socket(AF_RDS, socket.SOCK_SEQPACKET) if backend == "kernel" else pyrds.socket(backend)
+            b = socket.socket(AF_RDS, socket.SOCK_SEQPACKET) if backend == "kernel" else pyrds.socket(backend)
+            socks += [a, b]
+            ip = K_IP if backend == "kernel" else U_IP
+            before = a.getsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT)
+            got[backend] = (
+                before,
+                transport_after_bind(a, (ip, 4400)),
+                transport_after_bind(b, (NODEV_IP, 4401)),
+            )
+            print(
+                f"  {backend}: unpinned SO_RDS_TRANSPORT before bind {before}, after bind to {ip} (rxe) "
+                f"{got[backend][1]}, bind to {NODEV_IP} (no RDMA device) {got[backend][2]}",
+                flush=True,
+            )
+        check(
+            got["kernel"][:2] == got["userspace"][:2] == (-1, "0"),
+            "unpinned socket on an RDMA address: IB on both",
+            results,
+        )
+        ka, ua = socks[0], socks[2]
+        ka.settimeout(TIMEOUT)
+        ua.settimeout(TIMEOUT)
+        ua.sendto(b"unpinned u->k", (K_IP, 4400))
+        data, addr = ka.recvfrom(BUF)
+        ka.sendto(b"unpinned k->u", (U_IP, 4400))
+        data2, addr2 = ua.recvfrom(BUF)
+        check(
+            (data, tuple(addr)[:2], data2, tuple(addr2)[:2])
+            == (b"unpinned u->k", (U_IP, 4400), b"unpinned k->u", (K_IP, 4400)),
+            f"unpinned sockets exchange: kernel got {data!r} from {addr}, userspace {data2!r} from {addr2}",
+            results,
+        )
+    finally:
+        for x in socks:
+            x.close()
+
+
+def probe_types(s: Any) -> dict[int, str]:
+    out = {}
+    for t in range(10000, 10018):
+        try:
+            s.get_info(t)
+            out[t] = "ok"
+        except (OSError, ValueError) as exc:
+            out[t] = errno.errorcode.get(getattr(exc, "errno", 0) or 0, type(exc).__name__)
+    return out
+
+
+def table(ks: Any, us: Any, t: InfoType) -> tuple[int, bytes, bytes]:
+    each, kraw = ks.get_info_raw(t)
+    uraw = us._call(rpc.Op.INFO, (int(t),))
+    return each, kraw, uraw
+
+
+def info_checks(ks: Any, us: Any, results: list[bool]) -> None:
+    kt, ut = probe_types(ks), probe_types(us)
+    for t in range(10000, 10018):
+        name = InfoType(t).name if t in InfoType._value2member_map_ else str(t)
+        print(f"  {name:32} kernel {kt[t]:12} userspace {ut[t]}", flush=True)
+    kset = {t for t, v in kt.items() if v == "ok"}
+    uset = {t for t, v in ut.items() if v == "ok"}
+    tcp = {int(InfoType.RDS_INFO_TCP_SOCKETS), int(InfoType.RDS6_INFO_TCP_SOCKETS)}
+    check(
+        kset - tcp == uset - tcp and {10008, 10017} <= uset,
+        f"same RDS_INFO types answered but TCP's (no rds_tcp): kernel {len(kset)}, userspace {len(uset)}",
+        results,
+    )
+    for t in (InfoType.RDS_INFO_IB_CONNECTIONS, InfoType.RDS6_INFO_IB_CONNECTIONS):
+        each, kraw, uraw = table(ks, us, t)
+        size = info.record_size(t)
+        krows, urows = info.parse_info(t, kraw), info.parse_info(t, uraw)
+        print(
+            f"  {t.name}: kernel record size {each}, {len(kraw)} B, {len(krows)} rows; userspace "
+            f"{len(uraw)} B, {len(urows)} rows (struct size {size})",
+            flush=True,
+        )
+        for who, rows in (("kernel", krows), ("userspace", urows)):
+            for r in rows:
+                print(
+                    f"    {who}: {r.src_addr} -> {r.dst_addr} src_gid {r.src_gid.hex()} "
+                    f"dst_gid {r.dst_gid.hex()} "
+                    f"max_send_wr {r.max_send_wr} max_recv_wr {r.max_recv_wr} max_send_sge {r.max_send_sge} "
+                    f"rdma_mr_max {r.rdma_mr_max} rdma_mr_size {r.rdma_mr_size} tos {r.tos} sl {r.sl} "
+                    f"cache_allocs {r.cache_allocs}",
+                    flush=True,
+                )
+        ends = ({K_IP, f"::ffff:{K_IP}"}, {U_IP, f"::ffff:{U_IP}"})
+
+        def mine(r: Any, src: set[str], dst: set[str]) -> bool:
+            return (
+                str(r.src_addr) in src
+                and str(r.dst_addr) in dst
+                or (
+                    r.src_addr.version == 6
+                    and str(r.src_addr.ipv4_mapped) in src
+                    and str(r.dst_addr.ipv4_mapped) in dst
+                )
+            )
+
+        k = [r for r in krows if mine(r, ends[0], ends[1])]
+        u = [r for r in urows if mine(r, ends[1], ends[0])]
+        check(
+            len(uraw) == len(urows) * size and (not kraw or each == size),
+            f"{t.name}: record size {size}",
+            results,
+        )
+        check(
+            bool(k) == bool(u),
+            f"{t.name}: K<->U connection listed by kernel {bool(k)}, userspace {bool(u)}",
+            results,
+        )
+        if k and u:
+            kr, ur = k[0], u[0]
+            same = (kr.src_gid, kr.dst_gid) == (ur.dst_gid, ur.src_gid) and (
+                kr.max_send_wr,
+                kr.max_recv_wr,
+                kr.max_send_sge,
+                kr.tos,
+                kr.sl,
+            ) == (ur.max_send_wr, ur.max_recv_wr, ur.max_send_sge, ur.tos, ur.sl)
+            check(same, f"{t.name}: GIDs (swapped), ring sizes, max_send_sge, tos, sl agree", results)
+    kc = [(r.name, r.value) for r in ks.get_info(InfoType.RDS_INFO_COUNTERS)]
+    uc = [(r.name, r.value) for r in us.get_info(InfoType.RDS_INFO_COUNTERS)]
+    kib = [n for n, _ in kc if n.startswith("ib_")]
+    uib = [n for n, _ in uc if n.startswith("ib_")]
+    print(f"  RDS_INFO_COUNTERS: kernel {len(kc)} rows, userspace {len(uc)} rows", flush=True)
+    kd, ud = dict(kc), dict(uc)
+    for n in sorted(set(kib) | set(uib), key=lambda n: (kib + uib).index(n)):
+        print(f"    {n:32} kernel {kd.get(n, '-'):>10} userspace {ud.get(n, '-'):>10}", flush=True)
+    for n in ("send_ack_required", "recv_ack_required", "recv_delivered", "send_queued"):
+        print(f"    {n:32} kernel {kd.get(n, '-'):>10} userspace {ud.get(n, '-'):>10}", flush=True)
+    check(
+        kib == uib == list(IB_NAMES),
+        f"ib_* counter names and order: kernel {len(kib)}, userspace {len(uib)}",
+        results,
+    )
+    knames, unames = [n for n, _ in kc], [n for n, _ in uc]
+    check(
+        unames[: len(knames)] == knames,
+        "userspace counter names start with the kernel's (then TCP's)",
+        results,
+    )
 
 
 def main() -> int:
@@ -168,6 +335,12 @@ def main() -> int:
                 print(f"  kernel connection: {r}", flush=True)
         except (OSError, AttributeError) as exc:
             print(f"  kernel info: {exc}", flush=True)
+        unpinned_checks(results)
+        kinfo = pyrds.socket("kernel")
+        try:
+            info_checks(kinfo, us, results)
+        finally:
+            kinfo.close()
     finally:
         for s in (us, ks):
             if s is not None:
