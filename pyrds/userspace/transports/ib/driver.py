@@ -214,6 +214,9 @@ class IbConnection:
         )
         self._qp_fd = self.qp.fileno()
         self.loop.add_reader(self._qp_fd, self._on_cq)
+        # the receive buffers are allocated (registered) with the QP: the kernel counts its receive fragment
+        # allocations as ib_rx_total_frags (ib_recv.c rds_ib_refill_one_frag)
+        self.counters["ib_rx_total_frags"] += self.engine.recv_wr
         self.qp.to_init()
 
     def _post_ring(self) -> None:
@@ -224,6 +227,8 @@ class IbConnection:
             self._posted[slot] = True
         self._nposted = self.engine.recv_wr
         self._free_recv.clear()
+        # the one fill of a new connection's ring (the kernel: rds_ib_recv_path, the worker run at connect)
+        self.counters["ib_rx_refill_from_thread"] += 1
 
     # -- CM events ------------------------------------------------------------------------------------------
     def _on_channel(self) -> None:

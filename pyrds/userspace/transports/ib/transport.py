@@ -1,10 +1,10 @@
 """The RDS/IB transport of the userspace stack (``rds_ib_transport``): one :class:`~.node.IbNode` per local
 IPv4 address that has an RDMA device, behind the :class:`~pyrds.userspace.stack.transport.Transport`
-interface. Only sockets pinned with ``SO_RDS_TRANSPORT=IB`` use it (the kernel would also give it to an
-unpinned socket bound to an RDMA device's address: rds_trans_get_preferred tries IB before TCP).
+interface. Sockets pinned with ``SO_RDS_TRANSPORT=IB`` use it, and so do unpinned sockets bound to an
+RDMA device's IPv4 address (``Stack.bind``, as rds_trans_get_preferred tries IB before TCP).
 
 A node is made the first time an address passes :meth:`IbTransport.laddr_check` (``rds_ib_laddr_check``: a
-socket pinned to IB binds it). It listens on rdma_cm port 18634 when it can; when the port is taken (the
+socket binds it). It listens on rdma_cm port 18634 when it can; when the port is taken (the
 kernel's rds_rdma listens on it in the initial namespace) the node runs active-only and the log says so.
 The nodes' engine events become :class:`~pyrds.userspace.stack.transport.StackHost` calls as the TCP
 transport makes them: messages are delivered, the peer's acks release the sent messages, a peer's congestion
