@@ -59,7 +59,15 @@ from pyrds.userspace.transports.ib.verbs import (
 )
 from pyrds.userspace.transports.ib.wire import ACK_WR_ID, RDS_IB_PORT, RECV_BUF_SIZE
 
-__all__ = ["ConnOwner", "ConnState", "FdLoop", "IbConnection", "IbListener", "RESOLVE_TIMEOUT_MS"]
+__all__ = [
+    "ConnOwner",
+    "ConnState",
+    "FdLoop",
+    "IbConnection",
+    "IbListener",
+    "RESOLVE_TIMEOUT_MS",
+    "reject_request",
+]
 
 log = logging.getLogger("pyrds.userspace.ib")
 
@@ -189,11 +197,7 @@ class IbConnection:
         """Answer a CONNECT_REQUEST as the engine decided (``answer`` from :meth:`IbEngine.on_request`):
         None after a reject, else the new connection (ACCEPTING; its CM events come from the listener)."""
         if not answer.accept:
-            try:
-                request.reject(answer.private_data)
-            except VerbsError as exc:
-                log.debug("reject failed: %s", exc)
-            _close_quietly(request)
+            reject_request(request, answer.private_data)
             return None
         conn = cls(engine, loop, owner, clock, active=False)
         conn.cmid = request
@@ -476,6 +480,16 @@ def _close_quietly(obj: _Closable) -> None:
         obj.close()
     except VerbsError as exc:
         log.debug("close of %r failed: %s", obj, exc)
+
+
+def reject_request(request: CmId, private_data: bytes) -> None:
+    """Answer a CONNECT_REQUEST with a REJ carrying ``private_data`` and destroy its id (failures are only
+    logged: the peer sees a timeout instead)."""
+    try:
+        request.reject(private_data)
+    except VerbsError as exc:
+        log.debug("reject failed: %s", exc)
+    _close_quietly(request)
 
 
 class IbListener:

@@ -22,11 +22,11 @@ from typing import Any
 
 from pyrds.userspace.proto import PathState
 from pyrds.userspace.proto.backoff import ReconnectBackoff
-from pyrds.userspace.transports.ib.driver import ConnState, FdLoop, IbConnection, IbListener
+from pyrds.userspace.transports.ib.driver import ConnState, FdLoop, IbConnection, IbListener, reject_request
 from pyrds.userspace.transports.ib.engine import IbEngine
 from pyrds.userspace.transports.ib.events import IbEvent
 from pyrds.userspace.transports.ib.privdata import REJ_CONSUMER_DATA, ConnectPrivate
-from pyrds.userspace.transports.ib.verbs import CmEvent, CmId, Verbs, VerbsError
+from pyrds.userspace.transports.ib.verbs import CmEvent, CmId, Verbs
 from pyrds.userspace.transports.ib.wire import RDS_IB_PORT
 
 __all__ = ["IbNode"]
@@ -168,14 +168,7 @@ class IbNode:
         self.counters[counter] += 1
         self.counters["ib_rejected"] += 1
         log.info("%s: rejecting: %s", self.laddr, why)
-        try:
-            request.reject(REJ_CONSUMER_DATA)
-        except VerbsError as exc:
-            log.debug("reject failed: %s", exc)
-        try:
-            request.close()
-        except VerbsError as exc:
-            log.debug("close failed: %s", exc)
+        reject_request(request, REJ_CONSUMER_DATA)
 
     # -- ConnOwner ------------------------------------------------------------------------------------------
     def conn_events(self, conn: IbConnection, events: list[IbEvent]) -> None:

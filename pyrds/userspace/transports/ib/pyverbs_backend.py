@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -86,10 +85,6 @@ def _gid_bytes(gid: Any) -> bytes:
         raise ValueError(f"not a GID: {gid!r}")
     return raw
 
-
-def _set_nonblocking(fd: int) -> None:
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
 
 
 class _Pv:
@@ -180,7 +175,7 @@ class PvChannel:
             self._ch: Any = pv.cmid.CMEventChannel()
         try:
             self._fd = find_new_fd(before, _fd_links(), _CM_DEV)
-            _set_nonblocking(self._fd)
+            os.set_blocking(self._fd, False)
         except (VerbsError, OSError):
             self._ch.close()
             raise
@@ -317,7 +312,7 @@ class PvQueuePair:
                 self.cc: Any = pv.cq.CompChannel(self.ctx)
                 self._closers.append(self.cc.close)
             self._fd = find_new_fd(before, _fd_links(), _CQ_EVENT_LINK)
-            _set_nonblocking(self._fd)
+            os.set_blocking(self._fd, False)
             buf = config.recv_buf_size
             with _wrapped(pv, "create CQ/QP/MR"):
                 self.cq: Any = pv.cq.CQ(self.ctx, config.send_slots + config.recv_slots + 1, None, self.cc, 0)
