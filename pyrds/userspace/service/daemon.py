@@ -1,6 +1,6 @@
 """The daemon process: ``python -m pyrds.userspace.service [--shared|--private] [--detach]`` runs :func:`main`
-(logging, the listener, RDS/TCP, the loop until idle). A second service in the same namespace loses the bind
-race with EADDRINUSE and exits 0.
+(logging, the listener, RDS/TCP, RDS/IB where there is an RDMA device and pyverbs, the loop until idle). A
+second service in the same namespace loses the bind race with EADDRINUSE and exits 0.
 
 ``--shared`` serves the namespace's shared stack (every uid) and needs euid 0 (exit 2 otherwise);
 ``--private`` serves the calling uid's private stack (``<name>-uid<N>``) only. Without either, root serves the
@@ -139,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         svc.start_tcp()
     except (OSError, ImportError) as exc:
         log.warning("RDS/TCP listener unavailable (%s): loop transport only", exc)
+    try:
+        if svc.start_ib():
+            log.info("RDS/IB attached (sockets with SO_RDS_TRANSPORT=IB)")
+    except Exception as exc:  # best effort: pyverbs missing or broken, no usable device
+        log.warning("RDS/IB unavailable (%s: %s): running without it", type(exc).__name__, exc)
     _sd_notify("READY=1")
     svc.serve_forever()
     _sd_notify("STOPPING=1")

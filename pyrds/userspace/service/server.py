@@ -25,6 +25,8 @@ import threading
 import time
 
 from pyrds.addr import IPAddress
+from pyrds.constants import InfoConnectionFlag
+from pyrds.constants import Transport as TransportType
 from pyrds.userspace import rpc
 from pyrds.userspace.config import PeerCred, StackConfig, peer_cred, stack_address
 from pyrds.userspace.service.eventloop import SelectorLoop
@@ -37,7 +39,7 @@ from pyrds.userspace.stack.errors import StackError
 from pyrds.userspace.stack.outbox import Outbox
 from pyrds.userspace.stack.resources import FD_EXHAUSTED, SpareFd
 from pyrds.userspace.stack.sockstate import SockState
-from pyrds.userspace.transports import loop_transport, tcp_transport
+from pyrds.userspace.transports import ib_transport, loop_transport, rdma_available, tcp_transport
 
 __all__ = ["Service"]
 
@@ -117,6 +119,16 @@ class Service:
         self.stack.attach(tcp)
         tcp.start()
 
+    def start_ib(self) -> bool:
+        """Attach the RDS/IB transport when it can exist here: the initial network namespace (as the kernel's
+        rds_rdma), an RDMA device, and pyverbs (imported now: ImportError without it). False: not attached."""
+        if not self.config.initial_netns or not rdma_available():
+            return False
+        ib = ib_transport(self.stack, self.loop)
+        ib.start()
+        self.stack.attach(ib)
+        return True
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -142,12 +154,19 @@ class Service:
         return now - self._idle_since >= self.config.idle_exit
 
     def _peers_connected(self) -> bool:
-        """With no client socket left, only an established RDS/TCP connection (a TCP socket with a peer: a
-        peer talks to us, or is still reading what we sent) keeps the stack. Dials pending or retried toward
-        unreachable peers, and the messages of closed sockets waiting for them, do not: they are dropped when
-        the service exits, as the kernel frees a closed socket's queued messages."""
+        """With no client socket left, only an established connection keeps the stack: RDS/TCP (a TCP socket
+        with a peer: a peer talks to us, or is still reading what we sent) or RDS/IB (a connection UP).
+        Dials pending or retried toward unreachable peers, and the messages of closed sockets waiting for
+        them, do not: they are dropped when the service exits, as the kernel frees a closed socket's queued
+        messages."""
         for transport in self.stack.transports:
-            if transport.busy() and any(True for _ in transport.info_tcp_sockets()):
+            if not transport.busy():
+                continue
+            if any(True for _ in transport.info_tcp_sockets()):
+                return True
+            if transport.kind == TransportType.IB and any(
+                row.flags & InfoConnectionFlag.CONNECTED for row in transport.info_connections()
+            ):
                 return True
         return False
 

@@ -93,10 +93,15 @@ class Stack:
         RDS/TCP from 127.0.0.1 / ::1, which would leave a connection redialling a peer for as long as the
         service lives."""
         if sock_transport == Transport.LOOP:
-            for t in self.transports:
-                if t.kind == Transport.LOOP:
-                    return t
-        return select_transport(self.transports, self.is_local(daddr))
+            return self.transport_of(Transport.LOOP)
+        return select_transport(self.transports, self.is_local(daddr), sock_transport)
+
+    def transport_of(self, kind: Transport) -> StackTransport | None:
+        """The attached transport of ``kind`` (the first), None if none is."""
+        for t in self.transports:
+            if t.kind == kind:
+                return t
+        return None
 
     # -- StackHost: what transports may call
     def local_cong_map(self, laddr: IPAddress) -> CongestionMap:
@@ -158,12 +163,23 @@ class Stack:
             raise StackError(errno.EINVAL)
         local = self.is_local(ip, scope_id)
         if rs.transport is not None:
-            if rs.transport != Transport.TCP or not local:
+            # rds_bind: a preset transport's laddr_check refuses the address -> ENOPROTOOPT
+            if rs.transport == Transport.IB:
+                ib = self.transport_of(Transport.IB)
+                if ib is None or not ib.laddr_check(ip):
+                    raise StackError(errno.ENOPROTOOPT)
+            elif rs.transport != Transport.TCP or not local:
                 raise StackError(errno.ENOPROTOOPT)
             trans: Transport = rs.transport
         else:
+            # rds_trans_get_preferred: loopback addresses -> loop; then each transport's laddr_check in t_type
+            # order (IB = 0 before TCP = 2): an address of an RDMA device gives RDS/IB, as in the kernel (only
+            # in the initial namespace, where the service attaches IB at all; IPv4 only, see docs)
+            ib = None if is_loopback(ip) else self.transport_of(Transport.IB)
             if is_loopback(ip):
                 trans = Transport.LOOP
+            elif ib is not None and self.config.initial_netns and ib.laddr_check(ip):
+                trans = Transport.IB
             elif local:
                 trans = Transport.TCP
             else:

@@ -1,9 +1,11 @@
 """RDS_INFO_COUNTERS-compatible statistics.
 
 RDS_INFO_COUNTERS lists exactly the newest kernel's (7.3) ``rds_stat_names`` (net/rds/stats.c: 6.1's names
-plus ``mprds_catchup_tx0_retries``, appended in 7.0) followed by the TCP transport's ``rds_tcp_stat_names``
-(net/rds/tcp_stats.c, unchanged since 6.1), in the kernel's order (``rds_stats_info`` copies the core names,
-then the transports'). The stack also keeps a few
+plus ``mprds_catchup_tx0_retries``, appended in 7.0), then -- only when the RDS/IB transport is attached, as
+a kernel lists them only with rds_rdma loaded -- the IB transport's ``rds_ib_stat_names`` (net/rds/ib_stats.c,
+:data:`IB_NAMES`), then the TCP transport's ``rds_tcp_stat_names`` (net/rds/tcp_stats.c, unchanged since 6.1),
+in the kernel's order (``rds_stats_info`` copies the core names, then ``rds_trans_stats_info_copy`` the
+transports' by ``t_type``: IB = 0 before TCP = 2). The stack also keeps a few
 userspace-only counters (:data:`EXTRA_NAMES`); they are not in RDS_INFO_COUNTERS (the kernel has no such
 names) but can be read with :func:`pyrds.userspace.control.stack_counters` (the private getsockopt
 :data:`PYRDS_INFO_STACK_COUNTERS`).
@@ -11,8 +13,11 @@ names) but can be read with :func:`pyrds.userspace.control.stack_counters` (the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 __all__ = [
     "EXTRA_NAMES",
+    "IB_NAMES",
     "INFO_NAMES",
     "KERNEL_NAMES",
     "TCP_NAMES",
@@ -66,7 +71,50 @@ TCP_NAMES = (
     "tcp_connect_raced",
     "tcp_listen_closed_stale",
 )
-#: what RDS_INFO_COUNTERS reports, in this order
+#: ``rds_ib_stat_names`` (net/rds/ib_stats.c; the same 39 names from 5.x to 7.3). What the userspace RDS/IB
+#: transport counts is in docs/userspace.md ("RDS/IB counters"); the others stay 0.
+IB_NAMES = (
+    "ib_connect_raced",
+    "ib_listen_closed_stale",
+    "ib_evt_handler_call",
+    "ib_tasklet_call",
+    "ib_tx_cq_event",
+    "ib_tx_ring_full",
+    "ib_tx_throttle",
+    "ib_tx_sg_mapping_failure",
+    "ib_tx_stalled",
+    "ib_tx_credit_updates",
+    "ib_rx_cq_event",
+    "ib_rx_ring_empty",
+    "ib_rx_refill_from_cq",
+    "ib_rx_refill_from_thread",
+    "ib_rx_alloc_limit",
+    "ib_rx_total_frags",
+    "ib_rx_total_incs",
+    "ib_rx_credit_updates",
+    "ib_ack_sent",
+    "ib_ack_send_failure",
+    "ib_ack_send_delayed",
+    "ib_ack_send_piggybacked",
+    "ib_ack_received",
+    "ib_rdma_mr_8k_alloc",
+    "ib_rdma_mr_8k_free",
+    "ib_rdma_mr_8k_used",
+    "ib_rdma_mr_8k_pool_flush",
+    "ib_rdma_mr_8k_pool_wait",
+    "ib_rdma_mr_8k_pool_depleted",
+    "ib_rdma_mr_1m_alloc",
+    "ib_rdma_mr_1m_free",
+    "ib_rdma_mr_1m_used",
+    "ib_rdma_mr_1m_pool_flush",
+    "ib_rdma_mr_1m_pool_wait",
+    "ib_rdma_mr_1m_pool_depleted",
+    "ib_rdma_mr_8k_reused",
+    "ib_rdma_mr_1m_reused",
+    "ib_atomic_cswp",
+    "ib_atomic_fadd",
+)
+#: what RDS_INFO_COUNTERS reports without RDS/IB, in this order
 INFO_NAMES = (*KERNEL_NAMES, *TCP_NAMES)
 #: userspace-only counters (no kernel equivalent): only in ``pyrds.userspace.control.stack_counters``
 EXTRA_NAMES = (
@@ -88,6 +136,7 @@ EXTRA_NAMES = (
     "recv_pushed",  # messages pushed to their reader's data channel (the rest are served by request)
     "send_posted",  # sends a client made without waiting for the stack (under a grant: service/posting.py)
     "send_post_refused",  # posted sends refused (outside their grant: a client that broke the rules)
+    "ib_recv_over_cap",  # an RDS/IB message queued for a socket already over its receive cap
 )
 
 
@@ -95,6 +144,12 @@ def new_counters() -> dict[str, int]:
     return dict.fromkeys((*INFO_NAMES, *EXTRA_NAMES), 0)
 
 
-def info_counters(counters: dict[str, int]) -> list[tuple[str, int]]:
-    """The RDS_INFO_COUNTERS rows: the kernel's names only, in the kernel's order."""
-    return [(name, counters.get(name, 0)) for name in INFO_NAMES]
+def info_counters(counters: dict[str, int], ib: Mapping[str, int] | None = None) -> list[tuple[str, int]]:
+    """The RDS_INFO_COUNTERS rows: the kernel's names only, in the kernel's order. ``ib``: the RDS/IB
+    transport's counters when it is attached (its ``rds_ib_stat_names`` rows, and what it counts under core
+    names, such as ``send_ack_required``, added to the stack's), None without it (no IB rows)."""
+    if ib is None:
+        return [(name, counters.get(name, 0)) for name in INFO_NAMES]
+    core = [(name, counters.get(name, 0) + ib.get(name, 0)) for name in KERNEL_NAMES]
+    ib_rows = [(name, ib.get(name, 0)) for name in IB_NAMES]
+    return [*core, *ib_rows, *((name, counters.get(name, 0)) for name in TCP_NAMES)]

@@ -12,6 +12,7 @@ from pyrds.constants import PYRDS_INFO_STACK_COUNTERS, InfoConnectionFlag, InfoM
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.counters import info_counters
 from pyrds.userspace.stack.errors import StackError
+from pyrds.userspace.stack.transport import RdmaTransport
 
 _ANY4 = ipaddress.IPv4Address(0)
 _ANY6 = ipaddress.IPv6Address(0)
@@ -30,7 +31,10 @@ _SUPPORTED = {
     InfoType.RDS6_INFO_SOCKETS,
     InfoType.RDS6_INFO_TCP_SOCKETS,
 }
+#: answered only while an RDMA transport is attached (rds_rdma registers them: ib.c ``rds_ib_init``)
+_RDMA = {InfoType.RDS_INFO_IB_CONNECTIONS, InfoType.RDS6_INFO_IB_CONNECTIONS}
 _V6 = {t for t in InfoType if t.name.startswith("RDS6_")}
+_NO_GID = bytes(16)
 
 
 def _v6(ip: IPAddress | None) -> ipaddress.IPv6Address:
@@ -48,15 +52,35 @@ def _v4(ip: IPAddress) -> ipaddress.IPv4Address:
 _NOFLAG = InfoMessageFlag(0)
 
 
+def _rdma(stack: Stack) -> RdmaTransport | None:
+    for t in stack.transports:
+        if isinstance(t, RdmaTransport):
+            return t
+    return None
+
+
+def _all_counters(stack: Stack, rdma: RdmaTransport | None) -> dict[str, int]:
+    out = dict(stack.counters)
+    if rdma is not None:
+        for k, v in rdma.stat_counters().items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
 def records(stack: Stack, info_type: int) -> list[Any]:
+    rdma = _rdma(stack)
     if info_type == PYRDS_INFO_STACK_COUNTERS:
-        return [info.InfoCounter(k, v) for k, v in stack.counters.items()]
-    if info_type not in _SUPPORTED:
-        raise StackError(errno.ENOPROTOOPT)
+        return [info.InfoCounter(k, v) for k, v in _all_counters(stack, rdma).items()]
+    if info_type not in _SUPPORTED and (info_type not in _RDMA or rdma is None):
+        raise StackError(errno.ENOPROTOOPT)  # no handler (a kernel without rds_rdma for the IB tables)
     t = InfoType(info_type)
     v6 = t in _V6
     if t == InfoType.RDS_INFO_COUNTERS:
-        return [info.InfoCounter(k, v) for k, v in info_counters(stack.counters)]
+        stats = dict(rdma.stat_counters()) if rdma is not None else None
+        return [info.InfoCounter(k, v) for k, v in info_counters(stack.counters, stats)]
+    if t in _RDMA:
+        assert rdma is not None
+        return _rdma_records(rdma, v6)
     if t in (InfoType.RDS_INFO_SOCKETS, InfoType.RDS6_INFO_SOCKETS):
         out: list[Any] = []
         for rs in stack.socks.values():
@@ -142,6 +166,32 @@ def records(stack: Stack, info_type: int) -> list[Any]:
             out.append(info.TcpSocket6Info(_v6(la), lp, _v6(pa), pp, hdr_rem, data_rem, nxt, una_exp, una))
         elif la.version == 4:
             out.append(info.TcpSocketInfo(_v4(la), lp, _v4(pa), pp, hdr_rem, data_rem, nxt, una_exp, una, 0))
+    return out
+
+
+def _rdma_records(rdma: RdmaTransport, v6: bool) -> list[Any]:
+    """ib.c ``rds_ib_conn_info_visitor`` (IPv4 connections only) / ``rds6_ib_conn_info_visitor`` (every
+    connection, IPv4 ones v4-mapped)."""
+    out: list[Any] = []
+    for row in rdma.info_rdma_connections():
+        src_gid = row.src_gid if len(row.src_gid) == 16 else _NO_GID
+        dst_gid = row.dst_gid if len(row.dst_gid) == 16 else _NO_GID
+        rest = (
+            src_gid,
+            dst_gid,
+            row.max_send_wr,
+            row.max_recv_wr,
+            row.max_send_sge,
+            row.rdma_mr_max,
+            row.rdma_mr_size,
+            row.tos,
+            row.sl,
+            row.cache_allocs,
+        )
+        if v6:
+            out.append(info.RdmaConnection6Info(_v6(row.laddr), _v6(row.faddr), *rest))
+        elif row.laddr.version == 4:
+            out.append(info.RdmaConnectionInfo(_v4(row.laddr), _v4(row.faddr), *rest))
     return out
 
 

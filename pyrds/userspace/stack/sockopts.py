@@ -124,9 +124,9 @@ def setsockopt(
             raise StackError(errno.EINVAL)
         if t != Transport.TCP and not stack.config.initial_netns:
             raise StackError(errno.EPROTOTYPE)  # 7.3: RDS/IB only in the initial network namespace
-        if t != Transport.TCP:
-            raise StackError(errno.ENOPROTOOPT)  # no IB/IWARP transport in userspace
-        rs.transport = Transport.TCP
+        if t != Transport.TCP and (t != Transport.IB or stack.transport_of(Transport.IB) is None):
+            raise StackError(errno.ENOPROTOOPT)  # rds_trans_get: no such transport (no IWARP; IB if attached)
+        rs.transport = Transport(t)
     elif optname in (SO_TIMESTAMP_OLD, SO_TIMESTAMP_NEW):
         rs.timestamp = bool(_int(value))
     elif optname == SockOpt.SO_RDS_MSG_RXPATH_LATENCY:

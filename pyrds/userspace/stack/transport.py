@@ -15,8 +15,8 @@ Adding a transport (RDS/IB, say) means a package under ``pyrds/userspace/transpo
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterable
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from pyrds.addr import IPAddress
 from pyrds.constants import Transport as TransportType
@@ -29,6 +29,8 @@ __all__ = [
     "EventLoop",
     "HashKey",
     "MessageRow",
+    "RdmaConnectionRow",
+    "RdmaTransport",
     "StackHost",
     "TcpSocketRow",
     "Transport",
@@ -77,6 +79,37 @@ class TcpSocketRow(NamedTuple):
     last_sent_nxt: int
     last_expected_una: int
     last_seen_una: int
+
+
+class RdmaConnectionRow(NamedTuple):
+    """One connection for RDS_INFO_IB_CONNECTIONS / RDS6_INFO_IB_CONNECTIONS (``rds_info_rdma_connection``)"""
+
+    laddr: IPAddress
+    faddr: IPAddress
+    src_gid: bytes  # 16 bytes; zero unless the connection is up
+    dst_gid: bytes
+    max_send_wr: int
+    max_recv_wr: int
+    max_send_sge: int
+    rdma_mr_max: int
+    rdma_mr_size: int
+    tos: int
+    sl: int
+    cache_allocs: int
+
+
+@runtime_checkable
+class RdmaTransport(Protocol):
+    """What an RDMA transport (RDS/IB) adds to :class:`Transport` for the info tables: its connections for
+    RDS_INFO_IB_CONNECTIONS and its statistics for RDS_INFO_COUNTERS. The stack answers those tables only
+    while such a transport is attached, as a kernel only with rds_rdma loaded."""
+
+    def info_rdma_connections(self) -> Iterable[RdmaConnectionRow]: ...
+
+    def stat_counters(self) -> Mapping[str, int]:
+        """Everything the transport counted: ``rds_ib_stat_names`` names, core names it counts itself (added
+        to the stack's), and userspace-only ones."""
+        ...
 
 
 class EventLoop(Protocol):
@@ -146,6 +179,11 @@ class Transport(Protocol):
     def start(self) -> None:
         """Begin accepting connections from peers (a listener); OSError when that is impossible."""
 
+    def laddr_check(self, ip: IPAddress) -> bool:
+        """``t->laddr_check``: a socket pinned to this transport may bind ``ip`` (else bind fails with
+        ENOPROTOOPT)."""
+        ...
+
     def transmit(self, msg: Outgoing, hash_key: HashKey) -> None:
         """Queue ``msg`` toward ``msg.daddr``; ``hash_key`` picks the path of a multipath connection."""
 
@@ -180,17 +218,22 @@ class Transport(Protocol):
     def info_tcp_sockets(self) -> Iterable[TcpSocketRow]: ...
 
 
-def select_transport(transports: Iterable[Transport], local_dest: bool) -> Transport | None:
+def select_transport(
+    transports: Iterable[Transport], local_dest: bool, pinned: TransportType | None = None
+) -> Transport | None:
     """``rds_trans_get_preferred`` + ``t_prefer_loopback``: the transport for a destination, None for none.
 
     A destination local to the node goes to the loop transport when the network transport prefers loopback (or
-    there is none); any other destination goes to the first network transport."""
+    there is none); any other destination goes to the first network transport. The network transport of a
+    socket of IB (pinned with SO_RDS_TRANSPORT, or bound to an RDMA device's address: ``Stack.bind``) is the
+    IB one; every other socket's is the first that is not IB."""
     loop: Transport | None = None
     network: Transport | None = None
+    want_ib = pinned == TransportType.IB
     for t in transports:
         if t.kind == TransportType.LOOP:
             loop = loop or t
-        else:
+        elif (t.kind == TransportType.IB) == want_ib:
             network = network or t
     if local_dest and (network is None or network.prefer_loopback):
         return loop

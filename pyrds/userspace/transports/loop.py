@@ -17,6 +17,7 @@ from pyrds.addr import IPAddress
 from pyrds.constants import InfoConnectionFlag
 from pyrds.constants import Transport as TransportType
 from pyrds.userspace.stack.congestion import ALL_PORTS
+from pyrds.userspace.stack.ports import is_loopback
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
 from pyrds.userspace.stack.transport import ConnectionRow, HashKey, MessageRow, StackHost, TcpSocketRow
 
@@ -43,6 +44,9 @@ class LoopTransport:
 
     def start(self) -> None:
         pass
+
+    def laddr_check(self, ip: IPAddress) -> bool:
+        return is_loopback(ip)
 
     def cork(self) -> None:
         pass  # nothing is written: every message is delivered inside transmit

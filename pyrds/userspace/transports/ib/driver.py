@@ -59,7 +59,15 @@ from pyrds.userspace.transports.ib.verbs import (
 )
 from pyrds.userspace.transports.ib.wire import ACK_WR_ID, RDS_IB_PORT, RECV_BUF_SIZE
 
-__all__ = ["ConnOwner", "ConnState", "FdLoop", "IbConnection", "IbListener", "RESOLVE_TIMEOUT_MS"]
+__all__ = [
+    "ConnOwner",
+    "ConnState",
+    "FdLoop",
+    "IbConnection",
+    "IbListener",
+    "RESOLVE_TIMEOUT_MS",
+    "reject_request",
+]
 
 log = logging.getLogger("pyrds.userspace.ib")
 
@@ -138,6 +146,10 @@ class IbConnection:
         self._posted = [False] * engine.recv_wr
         self._qp_fd = -1
         self._ch_fd = -1
+        self._nposted = 0
+        #: (source, destination) GIDs and the device's max_sge, read when the connection comes UP
+        self.gids: tuple[bytes, bytes] = (bytes(16), bytes(16))
+        self.device_max_sge = 0
 
     def __repr__(self) -> str:
         side = "active" if self.active else "passive"
@@ -185,11 +197,7 @@ class IbConnection:
         """Answer a CONNECT_REQUEST as the engine decided (``answer`` from :meth:`IbEngine.on_request`):
         None after a reject, else the new connection (ACCEPTING; its CM events come from the listener)."""
         if not answer.accept:
-            try:
-                request.reject(answer.private_data)
-            except VerbsError as exc:
-                log.debug("reject failed: %s", exc)
-            _close_quietly(request)
+            reject_request(request, answer.private_data)
             return None
         conn = cls(engine, loop, owner, clock, active=False)
         conn.cmid = request
@@ -210,6 +218,9 @@ class IbConnection:
         )
         self._qp_fd = self.qp.fileno()
         self.loop.add_reader(self._qp_fd, self._on_cq)
+        # the receive buffers are allocated (registered) with the QP: the kernel counts its receive fragment
+        # allocations as ib_rx_total_frags (ib_recv.c rds_ib_refill_one_frag)
+        self.counters["ib_rx_total_frags"] += self.engine.recv_wr
         self.qp.to_init()
 
     def _post_ring(self) -> None:
@@ -218,7 +229,10 @@ class IbConnection:
         for slot in range(self.engine.recv_wr):
             self.qp.post_recv(slot)
             self._posted[slot] = True
+        self._nposted = self.engine.recv_wr
         self._free_recv.clear()
+        # the one fill of a new connection's ring (the kernel: rds_ib_recv_path, the worker run at connect)
+        self.counters["ib_rx_refill_from_thread"] += 1
 
     # -- CM events ------------------------------------------------------------------------------------------
     def _on_channel(self) -> None:
@@ -280,10 +294,19 @@ class IbConnection:
         self._pump()
 
     def _take_ring(self) -> None:
-        """The engine just came UP and asks for the whole ring: it is posted already."""
+        """The engine just came UP and asks for the whole ring: it is posted already. Also the moment to
+        read what RDS_INFO_IB_CONNECTIONS shows of the path and the device (the kernel reads them then too:
+        the GIDs of an UP connection, ``rds_ibdev->max_sge``)."""
         want = self.engine.recv_to_post()
         if want != sum(self._posted):
             self.counters["ib_recv_ring_mismatch"] += 1
+        if self.qp is not None:
+            try:  # only shown in the info table: never a reason to drop the connection
+                src, dst = self.qp.gids()
+                self.gids = (_gid(src), _gid(dst))
+                self.device_max_sge = max(0, int(self.qp.device_max_sge))
+            except VerbsError as exc:
+                log.debug("%r: GIDs / device attributes unreadable: %s", self, exc)
 
     def _come_up(self) -> None:
         events = self.engine.established(self.clock())
@@ -300,6 +323,10 @@ class IbConnection:
     def _on_cq(self) -> None:
         if self.state == ConnState.CLOSED or self.qp is None:
             return
+        # one handler both takes the completion event and polls (the kernel's CQ event handler and its
+        # tasklet; one CQ here for sends and receives)
+        self.counters["ib_evt_handler_call"] += 1
+        self.counters["ib_tasklet_call"] += 1
         try:
             wcs = self.qp.completions()
         except VerbsError as exc:
@@ -309,7 +336,7 @@ class IbConnection:
             if self._closed():
                 return
             self._completion(wc)
-        self._pump()
+        self._pump(from_cq=True)
 
     def _completion(self, wc: Completion) -> None:
         if wc.status != WcStatus.SUCCESS:
@@ -318,8 +345,10 @@ class IbConnection:
             self.close(f"{'receive' if wc.is_recv else 'send'} completion {name}")
             return
         if wc.is_recv:
+            self.counters["ib_rx_cq_event"] += 1
             self._recv_completion(wc)
             return
+        self.counters["ib_tx_cq_event"] += 1
         if wc.opcode != WcOpcode.SEND:
             self.counters["ib_bad_completion"] += 1
             self.close(f"send completion with opcode {wc.opcode}")
@@ -348,7 +377,10 @@ class IbConnection:
         # the buffer is free (to be reposted when the engine asks) only now: before coming UP it was part of
         # the ring the engine counts as posted
         self._posted[slot] = False
+        self._nposted -= 1
         self._free_recv.append(slot)
+        if self._nposted == 0:
+            self.counters["ib_rx_ring_empty"] += 1
         if self.state != ConnState.UP:
             self.counters["ib_recv_not_up"] += 1
             return
@@ -365,17 +397,20 @@ class IbConnection:
         """Post what the engine has to send (after a message was queued)."""
         self._pump()
 
-    def _pump(self) -> None:
+    def _pump(self, from_cq: bool = False) -> None:
         if self.state != ConnState.UP or self.qp is None:
             return
         try:
             want = self.engine.recv_to_post()
             if want > len(self._free_recv):
                 self.counters["ib_recv_ring_mismatch"] += 1
+            if from_cq and want and self._free_recv:
+                self.counters["ib_rx_refill_from_cq"] += 1
             for _ in range(min(want, len(self._free_recv))):
                 slot = self._free_recv.pop()
                 self.qp.post_recv(slot)
                 self._posted[slot] = True
+                self._nposted += 1
             send_wr = self.engine.send_wr
             for wr in self.engine.poll_send():
                 slot = send_wr if wr.wr_id == ACK_WR_ID else wr.wr_id % send_wr
@@ -431,6 +466,11 @@ class IbConnection:
             self.owner.conn_events(self, events)
 
 
+def _gid(raw: bytes) -> bytes:
+    """A GID as the verbs layer gave it, if it is one (16 bytes), else zeros."""
+    return bytes(raw) if isinstance(raw, bytes | bytearray) and len(raw) == 16 else bytes(16)
+
+
 class _Closable(Protocol):
     def close(self) -> None: ...
 
@@ -440,6 +480,16 @@ def _close_quietly(obj: _Closable) -> None:
         obj.close()
     except VerbsError as exc:
         log.debug("close of %r failed: %s", obj, exc)
+
+
+def reject_request(request: CmId, private_data: bytes) -> None:
+    """Answer a CONNECT_REQUEST with a REJ carrying ``private_data`` and destroy its id (failures are only
+    logged: the peer sees a timeout instead)."""
+    try:
+        request.reject(private_data)
+    except VerbsError as exc:
+        log.debug("reject failed: %s", exc)
+    _close_quietly(request)
 
 
 class IbListener:

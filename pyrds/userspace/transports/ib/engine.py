@@ -322,6 +322,8 @@ class IbEngine:
         if self.state != PathState.UP:
             return []
         out: list[SendWR] = []
+        if self._ack_requested and self._ack_in_flight:
+            self.counters["ib_ack_send_delayed"] += 1  # rds_ib_attempt_ack: the one ACK WR is in flight
         if self._ack_requested and not self._ack_in_flight:
             self._ack_requested = False
             self._ack_in_flight = True
@@ -450,11 +452,11 @@ class IbEngine:
         if h.sport == 0 and h.dport == 0 and len(data) == 0:
             self.counters["ib_ack_received"] += 1
             return
-        self.counters["ib_rx_total_frags"] += 1
+        self.counters["ib_rx_frames"] += 1  # (the kernel's ib_rx_total_frags counts buffer allocations)
         done = self._reasm.feed(h, data)
         if done is None:
             return
-        self.counters["ib_rx_total_incs"] += 1
+        self.counters["ib_rx_messages"] += 1
         header, payload = done
         events.extend(self.path.receive(header, payload, now))
         if header.flags != HeaderFlag.CONG_BITMAP:

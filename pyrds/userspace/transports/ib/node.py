@@ -22,11 +22,11 @@ from typing import Any
 
 from pyrds.userspace.proto import PathState
 from pyrds.userspace.proto.backoff import ReconnectBackoff
-from pyrds.userspace.transports.ib.driver import ConnState, FdLoop, IbConnection, IbListener
+from pyrds.userspace.transports.ib.driver import ConnState, FdLoop, IbConnection, IbListener, reject_request
 from pyrds.userspace.transports.ib.engine import IbEngine
 from pyrds.userspace.transports.ib.events import IbEvent
 from pyrds.userspace.transports.ib.privdata import REJ_CONSUMER_DATA, ConnectPrivate
-from pyrds.userspace.transports.ib.verbs import CmEvent, CmId, Verbs, VerbsError
+from pyrds.userspace.transports.ib.verbs import CmEvent, CmId, Verbs
 from pyrds.userspace.transports.ib.wire import RDS_IB_PORT
 
 __all__ = ["IbNode"]
@@ -64,6 +64,8 @@ class IbNode:
         self.engines: dict[ipaddress.IPv4Address, IbEngine] = {}
         self.conns: dict[ipaddress.IPv4Address, IbConnection] = {}
         self.counters: Counter[str] = Counter()
+        #: the counters of this node's connections that are gone (kept for RDS_INFO_COUNTERS)
+        self.retired: Counter[str] = Counter()
         #: why each peer's connections ended, oldest first
         self.closed: list[tuple[ipaddress.IPv4Address, str]] = []
         self.listener: IbListener | None = None
@@ -166,14 +168,7 @@ class IbNode:
         self.counters[counter] += 1
         self.counters["ib_rejected"] += 1
         log.info("%s: rejecting: %s", self.laddr, why)
-        try:
-            request.reject(REJ_CONSUMER_DATA)
-        except VerbsError as exc:
-            log.debug("reject failed: %s", exc)
-        try:
-            request.close()
-        except VerbsError as exc:
-            log.debug("close failed: %s", exc)
+        reject_request(request, REJ_CONSUMER_DATA)
 
     # -- ConnOwner ------------------------------------------------------------------------------------------
     def conn_events(self, conn: IbConnection, events: list[IbEvent]) -> None:
@@ -183,6 +178,7 @@ class IbNode:
 
     def conn_closed(self, conn: IbConnection, reason: str) -> None:
         peer = ipaddress.IPv4Address(conn.engine.faddr)
+        self.retired.update(conn.counters)
         self.closed.append((peer, reason))
         if self.conns.get(peer) is conn:
             del self.conns[peer]
@@ -204,6 +200,21 @@ class IbNode:
             self._kick(peer)
 
         self.loop.call_later(delay, redial)
+
+    # -- statistics -----------------------------------------------------------------------------------------
+    def stat_counters(self) -> Counter[str]:
+        """Everything counted at this address: the node, its listener, its engines, its connections (live and
+        gone)."""
+        total: Counter[str] = Counter()
+        total.update(self.counters)
+        total.update(self.retired)
+        if self.listener is not None:
+            total.update(self.listener.counters)
+        for engine in self.engines.values():
+            total.update(engine.counters)
+        for conn in self.conns.values():
+            total.update(conn.counters)
+        return total
 
     # -- teardown -------------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -70,9 +69,22 @@ def find_new_fd(before: dict[int, str], after: dict[int, str], link: str) -> int
     return new[0]
 
 
-def _set_nonblocking(fd: int) -> None:
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+def _is_ib_ca(dev: str) -> bool:
+    """``node_type == RDMA_NODE_IB_CA`` (sysfs says "1: CA"); an unreadable node_type counts as a CA."""
+    try:
+        with open(f"/sys/class/infiniband/{dev}/node_type", encoding="ascii") as f:
+            return f.read().split(":")[0].strip() == "1"
+    except (OSError, ValueError):
+        return True
+
+
+def _gid_bytes(gid: Any) -> bytes:
+    """pyverbs shows a GID as ``xxxx:xxxx:xxxx:xxxx:xxxx:xxxx:xxxx:xxxx`` (``GID`` objects via ``str``)."""
+    raw = bytes.fromhex(str(gid).replace(":", ""))
+    if len(raw) != 16:
+        raise ValueError(f"not a GID: {gid!r}")
+    return raw
+
 
 
 class _Pv:
@@ -127,6 +139,32 @@ class PyverbsVerbs:
     def create_channel(self) -> PvChannel:
         return PvChannel(self.pv)
 
+    def addr_device(self, addr: str) -> str | None:
+        """rds_ib_laddr_check: bind a fresh id to ``addr`` (port 0); the device it lands on, if an IB CA.
+        Only ever a specific address: a wildcard bind leaves the id without a device, which pyverbs 44
+        dereferences (rds-ib-facts.md 5.2); rdma_bind_addr fails (ENODEV) for an address without one."""
+        pv = self.pv
+        try:
+            ch = pv.cmid.CMEventChannel()
+        except pv.error:
+            return None
+        try:
+            cmid = pv.cmid.CMID(creator=ch, port_space=pv.ce.RDMA_PS_TCP)
+            try:
+                ai = pv.cmid.AddrInfo(
+                    src=addr, src_service="0", port_space=pv.ce.RDMA_PS_TCP, flags=pv.ce.RAI_PASSIVE
+                )
+                cmid.bind_addr(ai)
+                dev = str(cmid.dev_name)
+            finally:
+                cmid.close()
+        except (pv.error, OSError, ValueError):
+            return None
+        finally:
+            with contextlib.suppress(Exception):
+                ch.close()
+        return dev if _is_ib_ca(dev) else None
+
 
 class PvChannel:
     def __init__(self, pv: _Pv) -> None:
@@ -137,7 +175,7 @@ class PvChannel:
             self._ch: Any = pv.cmid.CMEventChannel()
         try:
             self._fd = find_new_fd(before, _fd_links(), _CM_DEV)
-            _set_nonblocking(self._fd)
+            os.set_blocking(self._fd, False)
         except (VerbsError, OSError):
             self._ch.close()
             raise
@@ -274,7 +312,7 @@ class PvQueuePair:
                 self.cc: Any = pv.cq.CompChannel(self.ctx)
                 self._closers.append(self.cc.close)
             self._fd = find_new_fd(before, _fd_links(), _CQ_EVENT_LINK)
-            _set_nonblocking(self._fd)
+            os.set_blocking(self._fd, False)
             buf = config.recv_buf_size
             with _wrapped(pv, "create CQ/QP/MR"):
                 self.cq: Any = pv.cq.CQ(self.ctx, config.send_slots + config.recv_slots + 1, None, self.cc, 0)
@@ -332,9 +370,10 @@ class PvQueuePair:
     def fileno(self) -> int:
         return self._fd
 
-    def _modify_via_cm(self, state: Any) -> None:
+    def _modify_via_cm(self, state: Any) -> Any:
         attr, mask = self._cmid.init_qp_attr(state)
         self.qp.modify(attr, mask)
+        return attr
 
     def to_init(self) -> None:
         with _wrapped(self.pv, "QP to INIT"):
@@ -342,8 +381,30 @@ class PvQueuePair:
 
     def to_rts(self) -> None:
         with _wrapped(self.pv, "QP to RTR/RTS"):
-            self._modify_via_cm(self.pv.e.IBV_QPS_RTR)
+            self._rtr_attr = self._modify_via_cm(self.pv.e.IBV_QPS_RTR)
             self._modify_via_cm(self.pv.e.IBV_QPS_RTS)
+
+    def gids(self) -> tuple[bytes, bytes]:
+        """From the RTR attributes rdma_cm gave (``rdma_init_qp_attr``: the path's address vector): the
+        destination GID, and the source GID at its ``sgid_index`` in the port's table. Zeros for what cannot
+        be read (never raises: the GIDs are only shown in RDS_INFO_IB_CONNECTIONS)."""
+        zero = bytes(16)
+        ah = getattr(getattr(self, "_rtr_attr", None), "ah_attr", None)
+        if ah is None:
+            return zero, zero
+        try:
+            dst = _gid_bytes(ah.dgid)
+            src = _gid_bytes(self.ctx.query_gid(int(ah.port_num), int(ah.sgid_index or 0)))
+        except Exception:  # whatever pyverbs raises, the table shows zeros
+            return zero, zero
+        return src, dst
+
+    @property
+    def device_max_sge(self) -> int:
+        try:
+            return int(self.ctx.query_device().max_sge)
+        except Exception:  # unknown: 0
+            return 0
 
     def to_error(self) -> None:
         e = self.pv.e

@@ -13,9 +13,9 @@ Three objects, each only what the driver needs:
   48 + 4096 bytes, two SGEs each) and a registered send ring (``send_slots`` buffers of up to 48 + 4096 bytes,
   one SGE). Work requests name slots; the driver decides which slot holds what.
 
-:class:`Verbs` makes channels. The real implementation is :mod:`.pyverbs_backend` (imported only when used);
-the unit tests use a fake. Nothing here imports pyverbs. Every failure of a verbs call is a
-:class:`VerbsError`.
+:class:`Verbs` makes channels and tells which addresses have an RDMA device. The real implementation is
+:mod:`.pyverbs_backend` (imported only when used); the unit tests use a fake. Nothing here imports pyverbs.
+Every failure of a verbs call is a :class:`VerbsError`.
 """
 
 from __future__ import annotations
@@ -163,6 +163,16 @@ class QueuePair(Protocol):
     def to_error(self) -> None:
         """Move to ERR: every posted work request completes with WR_FLUSH_ERR."""
 
+    def gids(self) -> tuple[bytes, bytes]:
+        """(source, destination) GID of the connection's path, 16 bytes each, once the QP is RTR or later
+        (what ``rdma_read_gids`` gives the kernel; RoCE: the IPv4-mapped addresses); zeros when unknown."""
+        ...
+
+    @property
+    def device_max_sge(self) -> int:
+        """The device's ``max_sge`` (``ibv_device_attr``; 0 when unknown)."""
+        ...
+
     def post_recv(self, slot: int) -> None:
         """Post receive buffer ``slot`` (wr_id = slot): SGE0 48 bytes, SGE1 4096 bytes, contiguous."""
 
@@ -221,3 +231,8 @@ class CmChannel(Protocol):
 
 class Verbs(Protocol):
     def create_channel(self) -> CmChannel: ...
+
+    def addr_device(self, addr: str) -> str | None:
+        """The RDMA device (an IB CA) that local IPv4 address ``addr`` belongs to, None if none: ib.c
+        ``rds_ib_laddr_check`` (``rdma_bind_addr`` of a fresh id to the address, port 0). Never raises."""
+        ...

@@ -71,6 +71,10 @@ class TcpTransport:
         self._spare = SpareFd()
         self.loop.register(s, R, self._accept)
 
+    def laddr_check(self, ip: IPAddress) -> bool:
+        """rds_tcp_laddr_check: an address of this node (namespace)."""
+        return self.host.is_local(ip)
+
     def conn(self, laddr: IPAddress, faddr: IPAddress) -> TcpConn:
         key = (normalize(laddr), normalize(faddr))
         c = self.conns.get(key)

@@ -127,6 +127,7 @@ class FakeLink:
 #   delivery; a SEND longer than the buffer fails the test (IB_WC_LOC_LEN_ERR); to_error flushes.
 # - FakeLoop: readers are called while their fd has something pending; timers run when nothing else does.
 
+import ipaddress  # noqa: E402
 import itertools  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
@@ -150,6 +151,11 @@ class FakeFabric:
         self.by_fd: dict[int, FakeChannel | FakeQP] = {}
         self.unreachable: set[str] = set()
         self.qps: list[FakeQP] = []
+        #: the addresses with an RDMA device (``addr_device``), and the device of each
+        self.devices: dict[str, str] = {}
+        self.addr_checks: list[str] = []
+        #: what listen() on a bound (addr, port) fails with (98 EADDRINUSE; rdma_cm says 99 EADDRNOTAVAIL)
+        self.listen_errno = 98
 
     def fd(self, obj: FakeChannel | FakeQP) -> int:
         fd = next(self._fds)
@@ -173,6 +179,10 @@ class FakeVerbs:
         ch = FakeChannel(self.fabric)
         self.channels.append(ch)
         return ch
+
+    def addr_device(self, addr: str) -> str | None:
+        self.fabric.addr_checks.append(addr)
+        return self.fabric.devices.get(addr)
 
 
 class FakeChannel:
@@ -239,13 +249,13 @@ class FakeCmId:
 
     def listen(self, addr: str, port: int, backlog: int) -> None:
         if (addr, port) in self.fabric.listeners:
-            raise VerbsError("rdma_bind_addr: address in use", 98)
+            raise VerbsError("rdma_bind_addr: address in use", self.fabric.listen_errno)
         self.fabric.listeners[(addr, port)] = self
         self.listening = (addr, port)
 
     def create_qp(self, config: QpConfig) -> FakeQP:
         assert self.qp is None
-        self.qp = FakeQP(self.fabric, config)
+        self.qp = FakeQP(self.fabric, config, self.src, self.dst)
         return self.qp
 
     def connect(self, params: ConnParams) -> None:
@@ -307,10 +317,19 @@ class FakeCmId:
         self.closed = True
 
 
+def roce_gid(addr: str) -> bytes:
+    """The GID RoCE gives an IPv4 address (``::ffff:a.b.c.d``), or zeros for no address."""
+    return bytes(10) + b"\xff\xff" + ipaddress.IPv4Address(addr).packed if addr else bytes(16)
+
+
 class FakeQP:
-    def __init__(self, fabric: FakeFabric, config: QpConfig) -> None:
+    #: rxe's max_sge (RXE_MAX_SGE)
+    device_max_sge = 32
+
+    def __init__(self, fabric: FakeFabric, config: QpConfig, src: str = "", dst: str = "") -> None:
         self.fabric = fabric
         self.config = config
+        self.src, self.dst = src, dst
         self.qp_num = next(fabric._qpns)
         self._fd = fabric.fd(self)
         self.state = "RESET"
@@ -336,6 +355,11 @@ class FakeQP:
     def to_rts(self) -> None:
         assert self.state == "INIT"
         self.state = "RTS"
+
+    def gids(self) -> tuple[bytes, bytes]:
+        if self.state != "RTS":
+            return bytes(16), bytes(16)
+        return roce_gid(self.src), roce_gid(self.dst)
 
     def to_error(self) -> None:
         self.state = "ERR"

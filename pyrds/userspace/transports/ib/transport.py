@@ -1,0 +1,352 @@
+"""The RDS/IB transport of the userspace stack (``rds_ib_transport``): one :class:`~.node.IbNode` per local
+IPv4 address that has an RDMA device, behind the :class:`~pyrds.userspace.stack.transport.Transport`
+interface. Sockets pinned with ``SO_RDS_TRANSPORT=IB`` use it, and so do unpinned sockets bound to an
+RDMA device's IPv4 address (``Stack.bind``, as rds_trans_get_preferred tries IB before TCP).
+
+A node is made the first time an address passes :meth:`IbTransport.laddr_check` (``rds_ib_laddr_check``: a
+socket binds it). It listens on rdma_cm port 18634 when it can; when the port is taken (the
+kernel's rds_rdma listens on it in the initial namespace) the node runs active-only and the log says so.
+The nodes' engine events become :class:`~pyrds.userspace.stack.transport.StackHost` calls as the TCP
+transport makes them: messages are delivered, the peer's acks release the sent messages, a peer's congestion
+map replaces ours.
+
+Not done (yet): IPv6 (the driver is IPv4 only); holding a connection while a receiving socket is over its cap
+(the message is queued all the same and counted in ``ib_recv_over_cap``); a message cancelled before it
+reached the wire is still sent (only its accounting stops, as for a TCP message already in the engine);
+one connection per peer, TOS 0.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from pyrds.addr import IPAddress
+from pyrds.constants import InfoConnectionFlag
+from pyrds.constants import Transport as TransportType
+from pyrds.userspace.proto import (
+    CongMapDropped,
+    CongMapReceived,
+    DuplicateDropped,
+    MessageReceived,
+    NpathsNegotiated,
+    PathState,
+    PeerGenChanged,
+    PingReceived,
+    PongReceived,
+    SendQueueFull,
+)
+from pyrds.userspace.stack.ports import is_loopback, normalize
+from pyrds.userspace.stack.sockstate import Incoming, Outgoing
+from pyrds.userspace.stack.transport import (
+    ConnectionRow,
+    HashKey,
+    MessageRow,
+    RdmaConnectionRow,
+    StackHost,
+    TcpSocketRow,
+)
+from pyrds.userspace.transports.ib.driver import ConnState, FdLoop
+from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked
+from pyrds.userspace.transports.ib.node import IbNode
+from pyrds.userspace.transports.ib.verbs import Verbs, VerbsError
+from pyrds.userspace.transports.ib.wire import RDS_IB_PORT
+
+__all__ = ["IbTransport"]
+
+log = logging.getLogger("pyrds.userspace.ib")
+
+#: a failed address check is asked again after this long (addresses come and go)
+NEGATIVE_CHECK_TTL = 1.0
+#: peers per local address (each connection holds two rings of 4 KiB buffers)
+MAX_PEERS = 256
+#: local addresses with a node
+MAX_NODES = 64
+#: ``RDS_IB_MAX_SGE``: the kernel shows ``min(device max_sge, 8)`` as max_send_sge
+RDS_IB_MAX_SGE = 8
+_NO_GID = bytes(16)
+
+Key = tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]
+
+
+def _v4(ip: IPAddress) -> ipaddress.IPv4Address | None:
+    ip = normalize(ip)
+    return ip if isinstance(ip, ipaddress.IPv4Address) else None
+
+
+class IbTransport:
+    kind = TransportType.IB
+    prefer_loopback = False  # rds_ib_transport sets no t_prefer_loopback: a local peer is reached over IB
+    immediate = False
+
+    def __init__(
+        self,
+        host: StackHost,
+        loop: FdLoop,
+        verbs: Verbs,
+        *,
+        listen: bool = True,
+        port: int = RDS_IB_PORT,
+        clock: Callable[[], float] = time.monotonic,
+        engine_kwargs: dict[str, int] | None = None,
+    ) -> None:
+        self.host = host
+        self.loop = loop
+        self.verbs = verbs
+        self.listen = listen
+        self.port = port
+        self.clock = clock
+        self.engine_kwargs = dict(engine_kwargs or {})
+        self.nodes: dict[ipaddress.IPv4Address, IbNode] = {}
+        #: messages of sockets on the wire or queued, by connection and sequence, until acked
+        self.pending: dict[Key, dict[int, Outgoing]] = {}
+        self.closed = False
+        self._refused: dict[ipaddress.IPv4Address, float] = {}
+        self._corked: dict[Key, None] | None = None
+
+    # -- addresses and nodes
+    def start(self) -> None:
+        """Nothing to listen on yet: each address gets its node (and listener) when it is first checked."""
+
+    def laddr_check(self, ip: IPAddress) -> bool:
+        """``rds_ib_laddr_check``: ``ip`` is an IPv4 address of an RDMA device of this node (then it has a
+        node from now on)."""
+        v4 = _v4(ip)
+        if v4 is None or v4.is_unspecified or is_loopback(v4) or self.closed:
+            return False
+        if v4 in self.nodes:
+            return True
+        now = time.monotonic()
+        until = self._refused.get(v4)
+        if until is not None and until > now:
+            return False
+        dev = self.verbs.addr_device(str(v4))
+        if dev is None or len(self.nodes) >= MAX_NODES:
+            if len(self._refused) >= 4 * MAX_NODES:
+                self._refused.clear()
+            self._refused[v4] = now + NEGATIVE_CHECK_TTL
+            return False
+        self._refused.pop(v4, None)
+        self._node(v4, dev)
+        return True
+
+    def _node(self, laddr: ipaddress.IPv4Address, dev: str) -> IbNode:
+        kwargs: dict[str, object] = {
+            "local_map": self.host.local_cong_map(laddr),
+            "ping_enable": bool(self.host.config.sysctl["ping_enable"]),
+        }
+        kwargs.update(self.engine_kwargs)
+        node = IbNode(
+            self.verbs,
+            self.loop,
+            laddr,
+            on_events=lambda peer, events: self._events(laddr, peer, events),
+            listen=self.listen,
+            port=self.port,
+            clock=self.clock,
+            max_peers=MAX_PEERS,
+            engine_kwargs=kwargs,
+        )
+        try:
+            node.start()
+        except VerbsError as exc:
+            # rdma_cm reports a port bound already as EADDRNOTAVAIL (cma_check_port; what 7.3 with rds_rdma
+            # loaded gives), a socket-like stack as EADDRINUSE; the address itself passed rdma_bind_addr
+            if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+                log.warning(
+                    "RDS/IB %s (%s): rdma_cm port %d is taken (%s; the kernel's rds_rdma listens on it): "
+                    "active only, peers cannot connect to this address",
+                    laddr,
+                    dev,
+                    self.port,
+                    errno.errorcode.get(exc.errno, exc.errno),
+                )
+            else:
+                log.warning("RDS/IB %s (%s): cannot listen (%s): active only", laddr, dev, exc)
+        else:
+            if self.listen:
+                log.info("RDS/IB %s (%s): listening on rdma_cm port %d", laddr, dev, self.port)
+        self.nodes[laddr] = node
+        return node
+
+    # -- events of the nodes
+    def _events(
+        self, laddr: ipaddress.IPv4Address, peer: ipaddress.IPv4Address, events: list[IbEvent]
+    ) -> None:
+        host = self.host
+        for ev in events:
+            match ev:
+                case MessagesAcked(messages=acked):
+                    self._release(laddr, peer, (m.seq for m in acked))
+                case MessageReceived(header=h, payload=payload):
+                    now = time.monotonic_ns()
+                    inc = Incoming(
+                        peer, laddr, h.sport, h.dport, payload, h.sequence, 0, lat=(now, now, now, 0)
+                    )
+                    if not host.deliver(inc):
+                        host.counters["ib_recv_over_cap"] += 1
+                case CongMapReceived(map=cmap):
+                    host.peer_cong_map(peer, cmap)
+                case PingReceived(pong_queued=pong_queued):
+                    host.counters["recv_ping"] += 1
+                    host.counters["send_pong"] += int(pong_queued)
+                    host.counters["pong_dropped"] += int(not pong_queued)
+                case DuplicateDropped():
+                    host.counters["recv_drop_old_seq"] += 1
+                case PeerGenChanged(flushed=flushed):
+                    self._release(laddr, peer, (m.seq for m in flushed))
+                case NpathsNegotiated() | PongReceived() | CongMapDropped():
+                    pass  # one path; a map of the wrong length is ignored
+
+    def _release(
+        self, laddr: ipaddress.IPv4Address, peer: ipaddress.IPv4Address, seqs: Iterable[int]
+    ) -> None:
+        pending = self.pending.get((laddr, peer))
+        if not pending:
+            return
+        for seq in seqs:
+            msg = pending.pop(seq, None)
+            if msg is not None:
+                self.host.acked(msg)
+
+    # -- the Transport interface
+    def transmit(self, msg: Outgoing, hash_key: HashKey) -> None:
+        del hash_key  # one path (t_mp_capable = 0)
+        laddr, faddr = _v4(msg.saddr), _v4(msg.daddr)
+        if laddr is None or faddr is None:
+            raise OSError(errno.EAFNOSUPPORT, "RDS/IB: IPv4 only")
+        node = self.nodes.get(laddr)
+        if node is None:
+            raise OSError(errno.EADDRNOTAVAIL, f"RDS/IB: {laddr} has no RDMA device")
+        try:
+            engine = node.engine(faddr)
+            seq = engine.queue(msg.sport, msg.dport, msg.payload)
+        except (ValueError, SendQueueFull) as exc:
+            raise OSError(errno.ENOBUFS, f"RDS/IB: {exc}") from exc
+        msg.seq = seq
+        if msg.sock_id:
+            self.pending.setdefault((laddr, faddr), {})[seq] = msg
+        if self._corked is not None:
+            self._corked[(laddr, faddr)] = None
+        else:
+            node.connect(faddr)
+
+    def cork(self) -> None:
+        self._corked = {}
+
+    def uncork(self) -> None:
+        corked, self._corked = self._corked, None
+        for laddr, faddr in corked or ():
+            node = self.nodes.get(laddr)
+            if node is not None:
+                node.connect(faddr)  # posts on the connection, or dials
+
+    def cancel(self, msg: Outgoing) -> None:
+        laddr, faddr = _v4(msg.saddr), _v4(msg.daddr)
+        if laddr is None or faddr is None:
+            return
+        pending = self.pending.get((laddr, faddr))
+        if pending is not None and pending.get(msg.seq) is msg:
+            del pending[msg.seq]
+
+    def cong_map_changed(self, laddr: IPAddress) -> None:
+        """rds_cong_queue_updates: the map goes to every peer connected from ``laddr``; a connection made
+        later sends it when it comes up."""
+        v4 = _v4(laddr)
+        node = self.nodes.get(v4) if v4 is not None else None
+        if node is None:
+            return
+        for faddr, engine in node.engines.items():
+            if engine.state == PathState.UP:
+                engine.queue_cong_map()
+                node.connect(faddr)
+
+    def reset(self) -> None:
+        for node in self.nodes.values():
+            for conn in list(node.conns.values()):
+                conn.close("reset")
+
+    def busy(self) -> bool:
+        return any(
+            node.conns or any(e.path.queued_msgs for e in node.engines.values())
+            for node in self.nodes.values()
+        )
+
+    def close(self) -> None:
+        self.closed = True
+        for node in self.nodes.values():
+            node.close()
+        self.nodes.clear()
+        self.pending.clear()
+
+    # -- info tables
+    def info_connections(self) -> Iterable[ConnectionRow]:
+        rows: list[ConnectionRow] = []
+        for laddr, node in self.nodes.items():
+            for faddr, engine in node.engines.items():
+                st = engine.state
+                flags = (InfoConnectionFlag.CONNECTED if st == PathState.UP else 0) | (
+                    InfoConnectionFlag.CONNECTING if st == PathState.CONNECTING else 0
+                )
+                path = engine.path
+                rows.append(
+                    ConnectionRow(
+                        path.next_tx_seq, path.next_rx_seq, laddr, faddr, "infiniband", int(flags), 0
+                    )
+                )
+        return rows
+
+    def info_messages(self, retransmit_only: bool) -> Iterable[MessageRow]:
+        rows: list[MessageRow] = []
+        for laddr, node in self.nodes.items():
+            for faddr, engine in node.engines.items():
+                path = engine.path
+                src = path.unacked if retransmit_only else path.unsent + path.unacked
+                rows.extend(MessageRow(m.seq, m.length, laddr, faddr, m.sport, m.dport, 0) for m in src)
+        return rows
+
+    def info_tcp_sockets(self) -> Iterable[TcpSocketRow]:
+        return []
+
+    def info_rdma_connections(self) -> Iterable[RdmaConnectionRow]:
+        """One row per connection (engine), as ib.c ``rds_ib_conn_info_visitor`` fills it: addresses, tos and
+        sl always; GIDs, ring sizes, max_send_sge (and, in the kernel, the MR pool and cache figures) only
+        while the connection is UP, zero otherwise (the kernel leaves those fields unwritten then). Our
+        choices where the kernel's figure does not exist here (docs/userspace.md): rdma_mr_max and
+        rdma_mr_size 0 (no MR pool: RDMA is not implemented), cache_allocs 0 (receive buffers are one
+        registered region, never allocated from a cache), sl = tos & 0xF (``TOS_TO_SL``)."""
+        rows: list[RdmaConnectionRow] = []
+        for laddr, node in self.nodes.items():
+            for faddr, engine in node.engines.items():
+                conn = node.conns.get(faddr)
+                up = engine.state == PathState.UP and conn is not None and conn.state == ConnState.UP
+                src, dst = conn.gids if up and conn is not None else (_NO_GID, _NO_GID)
+                sge = min(conn.device_max_sge, RDS_IB_MAX_SGE) if up and conn is not None else 0
+                rows.append(
+                    RdmaConnectionRow(
+                        laddr,
+                        faddr,
+                        src,
+                        dst,
+                        engine.send_wr if up else 0,
+                        engine.recv_wr if up else 0,
+                        sge,
+                        0,
+                        0,
+                        engine.tos,
+                        engine.tos & 0xF,
+                        0,
+                    )
+                )
+        return rows
+
+    def stat_counters(self) -> Counter[str]:
+        """What every node counted (RDS_INFO_COUNTERS shows the ``rds_ib_stat_names`` among them)."""
+        total: Counter[str] = Counter()
+        for node in self.nodes.values():
+            total.update(node.stat_counters())
+        return total
