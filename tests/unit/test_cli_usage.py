@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -175,9 +176,21 @@ def test_stress_summary_cpu_after_ctrl_c_matches_rows() -> None:
             env=ENV,
             cwd=ROOT,
         )
-        time.sleep(5)
+        # Ctrl-C once two rows are out (a fixed sleep saw one row on a busy machine); rows end in "\r" or "\n"
+        chunks: list[str] = []
+        assert client.stderr is not None
+        stderr = client.stderr
+        reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: stderr.read(1), "")), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 120
+        while len(_rows_cpu("".join(chunks) + "\n")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
         client.send_signal(signal.SIGINT)
-        out, err = client.communicate(timeout=60)
+        client.wait(timeout=60)  # stdout is one JSON line: no pipe fills up meanwhile
+        assert client.stdout is not None
+        out = client.stdout.read()
+        reader.join(30)
+        err = "".join(chunks)
     finally:
         server.terminate()
         server.wait(30)

@@ -133,6 +133,7 @@ EXTRA_NAMES = (
     "tcp_accept_refused_live",  # a waiting connection refused: its path's own connection proved alive
     "tcp_timed_out",  # a connection TCP gave up on (ETIMEDOUT: TCP_USER_TIMEOUT or keepalive)
     "tcp_path_silent_dropped",  # a path's connection the peer went silent on, given up for its re-dial
+    "tcp_dial_timed_out",  # a dial not connected within rds_tcp_user_timeout_ms, given up (re-dialled later)
     "recv_pushed",  # messages pushed to their reader's data channel (the rest are served by request)
     "send_posted",  # sends a client made without waiting for the stack (under a grant: service/posting.py)
     "send_post_refused",  # posted sends refused (outside their grant: a client that broke the rules)

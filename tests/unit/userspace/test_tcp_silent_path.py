@@ -112,6 +112,29 @@ def _tx_by_a_port(sock: Any, acceptor: bool) -> dict[int, int]:
     return {(r.peer_port if acceptor else r.local_port): r.last_sent_nxt for r in rows}
 
 
+def _state(na: Any, a: Any, nb: Any, b: Any, ports: str) -> str:
+    """What both stacks hold when a black-holed path did not recover: the counters that tell the story,
+    their RDS/TCP sockets and the kernel's TCP view of port 16385 in both namespaces (ss)."""
+    keys = (
+        "tcp_timed_out",
+        "tcp_accept_deferred",
+        "tcp_path_silent_dropped",
+        "tcp_accept_refused_live",
+        "tcp_connect_raced",
+        "conn_reset",
+        "conn_drop",
+    )
+    out = [f"; cut A ports {{{ports}}}"]
+    for name, node, sock in (("A", na, a), ("B", nb, b)):
+        counters = stack_counters(sock)
+        out.append(f"{name} counters " + " ".join(f"{k}={counters.get(k)}" for k in keys if k in counters))
+        rows = sock.get_info(InfoType.RDS_INFO_TCP_SOCKETS)
+        out.append(f"{name} RDS/TCP sockets " + ", ".join(f"{r.local_port}->{r.peer_port}" for r in rows))
+        ss = node.sh("ss", "-tnoi", "sport = :16385 or dport = :16385", check=False)
+        out.append(f"{name} ss:\n{ss.stdout}")
+    return "\n".join(out)
+
+
 def test_a_connection_black_holed_both_ways_is_given_up(userspace_netns_pair: Any, tmp_path: Any) -> None:
     """Both ends of a path keep retransmitting and neither hears the other (seen in CI on one path of the
     host's exactly-once test: both sockets in backoff 8, nothing heard for 76 s, the other paths healthy; a
@@ -160,5 +183,33 @@ def test_a_connection_black_holed_both_ways_is_given_up(userspace_netns_pair: An
         b.sendto(x, a_addr)
         a.sendto(y, b_addr)
         time.sleep(0.05)
-    receive_exactly([(a, to_a), (b, to_b)])
+    receive_exactly([(a, to_a), (b, to_b)], lambda: _state(na, a, nb, b, ports))
     assert stack_counters(a)["tcp_timed_out"] + stack_counters(b)["tcp_timed_out"] >= 1
+
+
+def test_a_dial_nobody_answers_is_given_up_after_the_user_timeout(
+    userspace_netns_pair: Any, tmp_path: Any
+) -> None:
+    """The owner re-dials and its SYNs go unanswered (a black hole between the nodes). TCP_USER_TIMEOUT, set on a
+    connection once it is up, does not bound SYN retries (tcp_syn_retries: over two minutes), so before,
+    the path and every message queued for it waited that long. A dial not connected within
+    ``rds_tcp_user_timeout_ms`` is given up (``tcp_dial_timed_out``) and re-dialled with the reconnect
+    backoff from another port; once the hole is gone the message arrives, once."""
+    na, nb = userspace_netns_pair.a, userspace_netns_pair.b
+    for node in (na, nb):
+        _set_user_timeout(node, 2000)
+    rules = tmp_path / "syn.nft"
+    rules.write_text(
+        "table inet pyrds_syn {\n chain out {\n  type filter hook output priority 0; policy accept;\n"
+        "  tcp dport 16385 tcp flags & (syn | ack) == syn drop\n }\n}\n"
+    )
+    a, b = userspace_netns_pair.bound_pair()
+    na.sh("nft", "-f", str(rules))  # from now on A's dials go unanswered
+    na.force_reconnect()  # A closes its paths and re-dials them
+    a.sendto(b"through-the-hole", b.getsockname())
+    deadline = time.monotonic() + 30
+    while stack_counters(a)["tcp_dial_timed_out"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert stack_counters(a)["tcp_dial_timed_out"] >= 1, "no dial was given up in 30 s"
+    na.sh("nft", "delete", "table", "inet", "pyrds_syn")
+    receive_exactly([(b, [b"through-the-hole"])])

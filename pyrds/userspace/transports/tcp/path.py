@@ -102,6 +102,7 @@ class TcpPath:
         )
         self.sock: socket.socket | None = None
         self.peer_port: int | None = None  # the TCP peer's port of the current connection
+        self.dial_port: int | None = None  # owner: our source port of the last dial (a re-dial avoids it)
         self.outbuf = b""
         self.wire_bytes = 0  # bytes the TCP socket accepted on this connection
         self.pending: dict[int, Outgoing] = {}
@@ -189,7 +190,7 @@ class TcpPath:
             self.conn.path_down(self)
             return
         try:
-            bind_path_port(s, str(self.conn.laddr), self.index)
+            self.dial_port = bind_path_port(s, str(self.conn.laddr), self.index, avoid=self.dial_port)
             s.connect_ex((str(self.conn.faddr), self.host.config.tcp_peer_port))
         except OSError:
             s.close()
@@ -202,6 +203,27 @@ class TcpPath:
         self.holds = 0
         self.loop.register(s, W, self._on_connect)
         self._registered = True
+        timeout_ms = self.host.config.sysctl["rds_tcp_user_timeout_ms"]
+        if timeout_ms > 0:
+            # TCP_USER_TIMEOUT (set once connected, like the kernel's rds_tcp_tune) bounds a connection's
+            # unanswered data, not its SYN retries (tcp_syn_retries: over two minutes): a dial whose SYNs
+            # go unanswered would keep the path, and every message queued for it, waiting that long
+            gen = self.gen
+            self.loop.call_later(timeout_ms / 1000.0, lambda: self._dial_timeout(gen))
+
+    def _dial_timeout(self, gen: int) -> None:
+        s = self.sock
+        if gen != self.gen or s is None or self.engine.state != PathState.CONNECTING or _connected(s):
+            return
+        self.host.counters["tcp_dial_timed_out"] += 1
+        log.info(
+            "RDS/TCP %s -> %s path %d: dial from port %s not answered, given up",
+            self.conn.laddr,
+            self.conn.faddr,
+            self.index,
+            self.dial_port,
+        )
+        self.lost()
 
     def _on_connect(self, _mask: int) -> None:
         s = self.sock

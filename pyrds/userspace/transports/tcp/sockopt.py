@@ -74,24 +74,34 @@ def local_port_range() -> tuple[int, int]:
     return low, high
 
 
-def bind_path_port(s: socket.socket, laddr: str, index: int) -> None:
-    """Bind a source port that names the path, ``port % 8 == index``: a tagged one
+def bind_path_port(s: socket.socket, laddr: str, index: int, avoid: int | None = None) -> int:
+    """Bind a source port that names the path, ``port % 8 == index``, and return it: a tagged one
     (:func:`pyrds.userspace.proto.pathset.dial_port`, which a pyrds acceptor also pairs by index before any
     handshake), else, like 7.x ``rds_tcp_conn_path_connect``, any port of the local range with that residue
     (a 7.x or pyrds acceptor that saw SPORT_IDX pairs by ``port % npaths``; a 6.1 acceptor ignores the port
-    and takes the first free path). EADDRINUSE when every such port is taken (the dial is retried later)."""
+    and takes the first free path). EADDRINUSE when every such port is taken (the dial is retried later).
+
+    Never ``avoid``, the port of the path's previous connection: only 110 tagged ports name a path, so a
+    re-dial would reuse it about once in 110, and a new connection on the old 4-tuple meets whatever the
+    network or the peer still holds for the old one (the peer's TCP answers its SYN with a challenge ACK
+    while the old connection lives; a path black-holed by 4-tuple stays black-holed)."""
     for _ in range(32):
+        port = dial_port(random.getrandbits(16), index)
+        if port == avoid:
+            continue
         try:
-            s.bind((laddr, dial_port(random.getrandbits(16), index)))
-            return
+            s.bind((laddr, port))
+            return port
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
     low, high = local_port_range()
     for port in sport_idx_ports(index, low, high, random.getrandbits(16)):
+        if port == avoid:
+            continue
         try:
             s.bind((laddr, port))
-            return
+            return port
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
