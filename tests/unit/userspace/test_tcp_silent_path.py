@@ -190,9 +190,9 @@ def test_a_connection_black_holed_both_ways_is_given_up(userspace_netns_pair: An
 def test_a_dial_nobody_answers_is_given_up_after_the_user_timeout(
     userspace_netns_pair: Any, tmp_path: Any
 ) -> None:
-    """The owner re-dials and its SYNs go unanswered (a black hole between the nodes). TCP_USER_TIMEOUT, set on a
-    connection once it is up, does not bound SYN retries (tcp_syn_retries: over two minutes), so before,
-    the path and every message queued for it waited that long. A dial not connected within
+    """The owner re-dials and its SYNs go unanswered (a black hole between the nodes). TCP_USER_TIMEOUT,
+    set on a connection once it is up, does not bound SYN retries (tcp_syn_retries: over two minutes), so
+    before, the path and every message queued for it waited that long. A dial not connected within
     ``rds_tcp_user_timeout_ms`` is given up (``tcp_dial_timed_out``) and re-dialled with the reconnect
     backoff from another port; once the hole is gone the message arrives, once."""
     na, nb = userspace_netns_pair.a, userspace_netns_pair.b
