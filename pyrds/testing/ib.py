@@ -14,7 +14,12 @@ Node A is the one that sends first: the pairing ``A-B`` means A dials. Pairings 
 - ``userspace-kernel``: the kernel's rds_rdma listens on rdma_cm port 18634, so the userspace node is
   active-only (its stack logs it) and dials the kernel; the kernel answers on that connection;
 - ``userspace-userspace``: both userspace stacks listen on 18634, which needs the port free, so rds_rdma is
-  unloaded while the pairing lives (:data:`UNLOADS_RDS_RDMA`) and loaded again afterwards;
+  unloaded while the pairing lives (:data:`UNLOADS_RDS_RDMA`) and loaded again afterwards. It runs FIRST,
+  and only while the kernel has no RDS/IB connection (:class:`UnsafeUnload` otherwise): on 7.3 (7.3.4) a
+  ``modprobe -r rds_rdma`` after the other pairings, with the kernel's connection to a stopped userspace
+  node still shutting down and redialling, panicked the guest (int3 in ``rds_shutdown_worker``, i.e. rds
+  running the unloaded module's code; 1 of the 5 runs that unloaded it after the other pairings,
+  2026-11-27);
 - ``kernel-userspace`` is NOT covered: the kernel would dial the userspace address on port 18634, where only
   its own rds_rdma listens (one machine, one rdma_cm port space), so it would connect to itself. It needs two
   machines (guests); the fixture reports it as a skip with that reason, never as a pass.
@@ -44,9 +49,10 @@ from pyrds import info
 from pyrds.constants import SOL_RDS, InfoType, SockOpt, Transport
 from pyrds.testing.agent import Agent, RemoteSocket
 
-#: pairings in the order they run: with rds_rdma loaded, then without it (the plugin's IB_PAIRS, which must
-#: not import this module at load time)
-PAIRS = ("kernel-kernel", "userspace-kernel", "kernel-userspace", "userspace-userspace")
+#: pairings in the order they run: userspace-userspace first (rds_rdma unloaded before the kernel ever had an
+#: RDS/IB connection), then the others with rds_rdma loaded again (the plugin's IB_PAIRS, which must not
+#: import this module at load time)
+PAIRS = ("userspace-userspace", "kernel-kernel", "userspace-kernel", "kernel-userspace")
 NETDEV = "pyrdsib0"
 RXE = "pyrdsibrxe0"
 #: node A's and node B's addresses per pairing (one /24 on the dummy netdev; A < B). Each pairing has its
@@ -77,6 +83,21 @@ STOP_TIMEOUT = 30.0
 
 class IbSetupError(RuntimeError):
     """The rxe fabric or a pairing could not be built (the command and its output are in the message)."""
+
+
+class UnsafeUnload(IbSetupError):
+    """rds_rdma would have to be unloaded while the kernel has RDS/IB connections (the pairing's skip)."""
+
+
+def kernel_ib_connections() -> int:
+    """How many RDS/IB connections the kernel lists (RDS6_INFO_IB_CONNECTIONS: IPv4 ones v4-mapped too)."""
+    import pyrds
+
+    s = pyrds.socket("kernel")
+    try:
+        return len(s.get_info(InfoType.RDS6_INFO_IB_CONNECTIONS))
+    finally:
+        s.close()
 
 
 def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -283,6 +304,13 @@ class IbPair:
         backends = pair.split("-")
         unload = pair in UNLOADS_RDS_RDMA
         if unload:
+            held = kernel_ib_connections()
+            if held:
+                raise UnsafeUnload(
+                    f"{pair} needs rds_rdma unloaded, but the kernel has {held} RDS/IB connection(s): "
+                    "unloading it then is not safe (7.3.4 panicked in rds_shutdown_worker); this pairing "
+                    "runs first"
+                )
             _sh("modprobe", "-r", "rds_rdma")
             if os.path.isdir("/sys/module/rds_rdma"):
                 raise IbSetupError("modprobe -r rds_rdma returned 0 but the module is still loaded")
