@@ -16,10 +16,11 @@ Node A is the one that sends first: the pairing ``A-B`` means A dials. Pairings 
 - ``userspace-userspace``: both userspace stacks listen on 18634, which needs the port free, so rds_rdma is
   unloaded while the pairing lives (:data:`UNLOADS_RDS_RDMA`) and loaded again afterwards. It runs FIRST,
   and only while the kernel has no RDS/IB connection (:class:`UnsafeUnload` otherwise): on 7.3 (7.3.4) a
-  ``modprobe -r rds_rdma`` after the other pairings, with the kernel's connection to a stopped userspace
-  node still shutting down and redialling, panicked the guest (int3 in ``rds_shutdown_worker``, i.e. rds
-  running the unloaded module's code; 1 of the 5 runs that unloaded it after the other pairings,
-  2026-11-27);
+  ``modprobe -r rds_rdma`` after the other pairings, while the kernel still had its RDS/IB connections,
+  panicked the guest (``rds_ib_recv_exit`` warned that ``rds_ib_incoming`` objects remained, then int3 in
+  ``rds_shutdown_worker``: rds running the unloaded module's code). That order crashed both boots of 7.3 in
+  a full matrix run and survived five others (the IB phase alone on 6.1, 6.12, 7.3; the full run on 6.1,
+  6.12), 2026-11-27;
 - ``kernel-userspace`` is NOT covered: the kernel would dial the userspace address on port 18634, where only
   its own rds_rdma listens (one machine, one rdma_cm port space), so it would connect to itself. It needs two
   machines (guests); the fixture reports it as a skip with that reason, never as a pass.
