@@ -10,6 +10,11 @@ veth,
   parametrized kernel-kernel, userspace-userspace, kernel-userspace, userspace-kernel (mixed, both
   directions).
   Each node's sockets live in an agent process inside its namespace (:mod:`pyrds.testing.agent`).
+- ``rds_ib_pair``: :class:`pyrds.testing.ib.IbPair`, node A and node B on two addresses of one rxe device in
+  the initial namespace, sockets pinned to RDS/IB; parametrized userspace-userspace (rds_rdma unloaded
+  meanwhile; it runs first), kernel-kernel, userspace-kernel and kernel-userspace (not covered on one
+  machine: a skip saying so). Its scenarios are marked ``rds_ib`` and run only with ``--rds-ib``, which runs
+  nothing else (they need the initial namespace to themselves: a phase of their own after the main suite).
 - ``rds_observe(key, value)``: record an observable for the report's divergence check.
 - ``rds_message_count``: ``--rds-messages`` (default 2000; the kernel selftest uses 50000).
 - ``rds_mainline_count``: ``--rds-mainline-messages`` (default 5000).
@@ -42,6 +47,10 @@ import pytest
 
 BACKENDS = ("kernel", "userspace")
 PAIRS = ("kernel-kernel", "userspace-userspace", "kernel-userspace", "userspace-kernel")
+#: the RDS/IB pairings, in the order they run: userspace-userspace first, with rds_rdma unloaded before the
+#: kernel ever had an RDS/IB connection, then the others with it loaded again (pyrds.testing.ib.PAIRS; not
+#: imported from there: ib imports the agent and info modules, which the plugin loads only when used)
+IB_PAIRS = ("userspace-userspace", "kernel-kernel", "userspace-kernel", "kernel-userspace")
 _unavailable_cache: dict[str, str | None] = {}
 
 
@@ -115,6 +124,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "times in one session, as [round1]..[roundN] (default 1: no round in the test id)",
     )
     group.addoption("--rds-results", default=None, help="write per-test outcomes and observations as JSON")
+    group.addoption(
+        "--rds-ib",
+        action="store_true",
+        default=False,
+        help="run the RDS/IB scenarios (marked rds_ib) and nothing else; without it they are deselected. "
+        "They build an rxe device in the initial namespace and unload rds_rdma for a while, so they run in "
+        "a session of their own, after the main suite (tox -e conformance does both in each guest)",
+    )
     # a guard against hangs, not a speed limit: how busy the machine is must not decide an outcome (stalls are
     # detected by the scenarios themselves, as no progress for a while)
     group.addoption(
@@ -130,6 +147,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "rds_scenario(name): override the scenario name used in the report")
     config.addinivalue_line(
         "markers", "rds_differential: runs both backends at once (report column 'differential')"
+    )
+    config.addinivalue_line(
+        "markers", "rds_ib: an RDS/IB scenario: runs only with --rds-ib (a session of its own)"
     )
     config.addinivalue_line(
         "markers",
@@ -160,8 +180,9 @@ def _labels_of(item: pytest.Item) -> tuple[str, str] | None:
     params: dict[str, Any] = dict(callspec.params)
     if "rds_backend" in params:
         backend = param_id = str(params.pop("rds_backend"))
-    elif "_rds_topology" in params:
-        param_id = str(params.pop("_rds_topology"))  # "kernel-kernel": its id is both words, not the label
+    elif "_rds_topology" in params or "_rds_ib_topology" in params:
+        key = "_rds_topology" if "_rds_topology" in params else "_rds_ib_topology"
+        param_id = str(params.pop(key))  # "kernel-kernel": its id is both words, not the label
         backend = pair_label(param_id)
     else:
         return None
@@ -185,8 +206,12 @@ def _labels_of(item: pytest.Item) -> tuple[str, str] | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     only = config.getoption("--rds-only")
     keep = {x.strip() for x in only.split(",")} if only else None
+    ib_phase = bool(config.getoption("--rds-ib"))
     selected, deselected = [], []
     for item in items:
+        if (item.get_closest_marker("rds_ib") is not None) != ib_phase:
+            deselected.append(item)  # the IB phase runs the rds_ib scenarios and only them
+            continue
         labels = _labels_of(item)
         if labels is not None:
             item.user_properties.append(("rds_scenario", labels[0]))
@@ -213,6 +238,8 @@ PLUGIN_FIXTURES = frozenset(
         "rds_pair",
         "rds_two_nodes",
         "_rds_topology",
+        "rds_ib_pair",
+        "_rds_ib_topology",
         "rds_observe",
         "rds_message_count",
         "rds_mainline_count",
@@ -401,6 +428,44 @@ def rds_two_nodes(_rds_topology: Any) -> Iterator[Any]:
         _rds_topology.suspect = True
     _rds_topology.clear_netem()
     for n in _rds_topology.nodes:
+        n.close_sockets()
+
+
+@pytest.fixture(scope="session", params=IB_PAIRS)
+def _rds_ib_topology(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """One IB pairing (pyrds.testing.ib), built once per session and pairing, in the order of the params:
+    userspace-userspace first (rds_rdma unloaded while it lives, before the kernel had any RDS/IB
+    connection), then the pairings with rds_rdma loaded. The rxe fabric is built with the first pairing and
+    removed at the end of the session."""
+    from pyrds.testing import ib
+
+    pair: str = request.param
+    reason = ib.NOT_COVERED.get(pair) or ib.ib_unavailable()
+    if "kernel" in pair.split("-"):
+        reason = reason or backend_unavailable("kernel")
+    # no userspace probe here: it would start this namespace's shared stack, which attaches RDS/IB once the
+    # rxe device exists; each userspace node starts a stack of its own, and a failure to do so fails the test
+    if reason:
+        pytest.skip(reason)
+    fabric = getattr(request.config, "_pyrds_ib_fabric", None)
+    if fabric is None:
+        fabric = ib.IbFabric.create()
+        request.config._pyrds_ib_fabric = fabric  # type: ignore[attr-defined]
+        request.config.add_cleanup(fabric.destroy)
+    try:
+        nodes = ib.IbPair.create(pair)
+    except ib.UnsafeUnload as exc:
+        pytest.skip(str(exc))
+    yield nodes
+    nodes.destroy()
+
+
+@pytest.fixture
+def rds_ib_pair(_rds_ib_topology: Any) -> Iterator[Any]:
+    if not _rds_ib_topology.healthy():
+        pytest.fail(f"{_rds_ib_topology.label}: an agent of this IB pairing died or timed out earlier")
+    yield _rds_ib_topology
+    for n in _rds_ib_topology.nodes:
         n.close_sockets()
 
 

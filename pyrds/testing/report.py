@@ -4,6 +4,9 @@ Input, one run of the suite per guest kernel:
 
 - ``--kernel-results ALIAS=PATH`` / ``--kernel-junit ALIAS=PATH`` (repeatable): the plugin's ``--rds-results``
   JSON / the pytest JUnit XML of the run on kernel ALIAS (``6.1``, ``6.12``, ``7.3``).
+- ``--matrix DIR``: ``DIR/<alias>/results.json`` (the main suite) and ``results-ib.json`` (the RDS/IB phase,
+  ``pytest --rds-ib``), each with its JUnit file, for every kernel of ``--kernels`` (``--phases`` names the
+  results files); a missing one fails the report.
 - ``--results PATH`` / ``--junit PATH`` (repeatable): the same without an alias. A results JSON that records
   ``kernel_release`` gets the alias major.minor of it (``6.1.0-56-amd64`` -> ``6.1``); without it the kernel
   is ``""`` (unknown: plain backend columns, as before kernels were recorded). A plain JUnit file takes the
@@ -56,6 +59,9 @@ COUNTS = ["passed", "failed", "skipped", "xfailed"]
 SYMBOL = {"passed": "pass", "failed": "FAIL", "skipped": "skip", "xfailed": "xfail", "error": "ERROR"}
 #: the kernel matrix the main job runs (vm/catalog.py MATRIX; this module must not import vm/)
 MATRIX_KERNELS = ("6.1", "6.12", "7.3")
+#: the pytest sessions each guest of the main job runs, by results file (without ``.json``; the JUnit file of
+#: each is ``junit[-suffix].xml``): the main suite, then the RDS/IB phase (``pytest --rds-ib``, tox.ini)
+MATRIX_PHASES = ("results", "results-ib")
 DEFAULT_ACCEPTED = Path("tests/conformance/accepted-divergences.toml")
 
 
@@ -406,7 +412,8 @@ def render_md(rep: dict[str, Any]) -> str:
     lines = ["# pyrds conformance report", ""]
     lines.append(
         "Outcome per scenario, backend and guest kernel (kernel = native AF_RDS, userspace = pyrds stack, "
-        "mixed = node A / node B backends over RDS/TCP between two namespaces; column `backend@6.1` = that "
+        "mixed = node A / node B backends over RDS/TCP between two namespaces, or over RDS/IB between two "
+        "addresses of one rxe device in test_ib.py; column `backend@6.1` = that "
         "backend on kernel 6.1). Backends are compared within each kernel; kernels only informationally. "
         "Skipped is never counted as passed."
     )
@@ -530,21 +537,33 @@ def main(argv: list[str] | None = None) -> int:
         "--matrix",
         type=Path,
         metavar="DIR",
-        help="results of 'python -m vm matrix --out DIR': DIR/<alias>/results.json and junit.xml per kernel",
+        help="results of 'python -m vm matrix --out DIR': per kernel DIR/<alias>/<phase>.json and its JUnit "
+        "file for every phase of --phases",
     )
     ap.add_argument(
         "--kernels",
         default=",".join(MATRIX_KERNELS),
         help=f"with --matrix: the kernels that must have results (default {','.join(MATRIX_KERNELS)})",
     )
+    ap.add_argument(
+        "--phases",
+        default=",".join(MATRIX_PHASES),
+        help="with --matrix: the results files every kernel must have, without .json, each with its JUnit "
+        f"file junit[-suffix].xml (default {','.join(MATRIX_PHASES)}: the main suite and the RDS/IB phase)",
+    )
     ap.add_argument("--accepted", type=Path, default=DEFAULT_ACCEPTED)
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
     if args.matrix is not None:
+        phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+        if not phases or not all(re.fullmatch(r"results(-[\w.]+)?", p) for p in phases):
+            ap.error(f"--phases: names such as results,results-ib, not {args.phases!r}")
         for alias in (k.strip() for k in args.kernels.split(",") if k.strip()):
-            args.kernel_results.append((alias, args.matrix / alias / "results.json"))
-            if (args.matrix / alias / "junit.xml").is_file():  # the results JSON is what must be there
-                args.kernel_junit.append((alias, args.matrix / alias / "junit.xml"))
+            for phase in phases:
+                args.kernel_results.append((alias, args.matrix / alias / f"{phase}.json"))
+                junit = args.matrix / alias / f"{phase.replace('results', 'junit', 1)}.xml"
+                if junit.is_file():  # the results JSON is what must be there
+                    args.kernel_junit.append((alias, junit))
     if not (args.junit or args.results or args.kernel_results or args.kernel_junit):
         ap.error("give --matrix DIR, or --junit, --results, --kernel-results or --kernel-junit files")
     try:

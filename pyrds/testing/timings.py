@@ -7,7 +7,9 @@ outside tests (start-up, collection, imports); then, from ``DIR/<alias>/results.
 ``--rds-results``: each test's wall-clock start/stop and xdist worker), each worker's timeline: from the
 session's start to its first test (interpreter, imports, collection), busy, gaps between its tests, and idle
 at the end waiting for the other worker; then the scenarios (test functions) by total time and the slowest
-single test cases.
+single test cases. The RDS/IB phase (a serial pytest session after the main suite, ``--rds-ib``:
+``DIR/<alias>/junit-ib.xml`` and ``results-ib.json``) has a column of its own, its session's wall time, which
+the "outside tests" figure leaves out; its test cases are ranked with the others.
 
 Unlike the conformance report this file holds times: it differs from run to run and is never compared.
 """
@@ -47,6 +49,9 @@ class KernelTimes:
     wall_s: float | None
     cases: tuple[Case, ...]
     workers: tuple[WorkerTimes, ...] = ()
+    #: the RDS/IB phase's test cases and its session's wall time (None: no such phase in this run)
+    ib_cases: tuple[Case, ...] = ()
+    ib_wall_s: float | None = None
 
     @property
     def tests_s(self) -> float:
@@ -113,6 +118,10 @@ def read_matrix(matrix: Path) -> list[KernelTimes]:
         cases = tuple(read_cases(junit)) if junit.is_file() else ()
         results = matrix / alias / "results.json"
         workers = tuple(read_workers(results)) if results.is_file() else ()
+        ib_junit = matrix / alias / "junit-ib.xml"
+        ib_cases = tuple(read_cases(ib_junit)) if ib_junit.is_file() else ()
+        ib_results = matrix / alias / "results-ib.json"
+        ib_wall = session_wall(ib_results) if ib_results.is_file() else None
         out.append(
             KernelTimes(
                 alias,
@@ -121,9 +130,18 @@ def read_matrix(matrix: Path) -> list[KernelTimes]:
                 _float(entry.get("wall_s")),
                 cases,
                 workers,
+                ib_cases,
+                ib_wall,
             )
         )
     return out
+
+
+def session_wall(results: Path) -> float | None:
+    """A ``--rds-results`` file's session wall time (finish - start), None without both stamps."""
+    doc = json.loads(results.read_text())
+    t0, t1 = _float(doc.get("session_start")), _float(doc.get("session_finish"))
+    return None if t0 is None or t1 is None or t1 < t0 else t1 - t0
 
 
 def _s(value: float | None) -> str:
@@ -134,20 +152,21 @@ def render(kernels: list[KernelTimes], workers: int) -> str:
     lines = [
         "# Conformance timings",
         "",
-        "Times of one run (they change from run to run). Guest wall = boot to the suite's end; tests =",
-        f"sum of pytest's per-test durations; with {workers} workers the suite's floor is tests / {workers};",
+        "Times of one run (they change from run to run). Guest wall = boot to the end of the guest's",
+        f"command; tests = sum of pytest's per-test durations of the main suite; with {workers} workers its",
+        f"floor is tests / {workers}; IB phase = the wall of the RDS/IB session after it (serial, --rds-ib);",
         "the rest of the wall is boot, worker start-up, imports, collection and idle workers.",
         "",
-        "| kernel | release | boot s | guest wall s | tests | sum of tests s | sum / workers s "
-        "| wall - boot - sum/workers s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| kernel | release | boot s | guest wall s | tests | sum of tests s | sum / workers s | IB phase s "
+        "| wall - boot - sum/workers - IB phase s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for k in kernels:
         floor = k.tests_s / workers
-        rest = None if k.wall_s is None else k.wall_s - (k.boot_s or 0.0) - floor
+        rest = None if k.wall_s is None else k.wall_s - (k.boot_s or 0.0) - floor - (k.ib_wall_s or 0.0)
         lines.append(
             f"| {k.alias} | {k.release} | {_s(k.boot_s)} | {_s(k.wall_s)} | {len(k.cases)} | {k.tests_s:.1f} "
-            f"| {floor:.1f} | {_s(rest)} |"
+            f"| {floor:.1f} | {_s(k.ib_wall_s)} | {_s(rest)} |"
         )
     if any(k.workers for k in kernels):
         lines += [
@@ -169,7 +188,7 @@ def render(kernels: list[KernelTimes], workers: int) -> str:
                 )
     scenarios: dict[str, dict[str, float]] = defaultdict(dict)
     for k in kernels:
-        for c in k.cases:
+        for c in k.cases + k.ib_cases:
             scenarios[c.scenario][k.alias] = scenarios[c.scenario].get(k.alias, 0.0) + c.seconds
     aliases = [k.alias for k in kernels]
     lines += ["", "## Scenarios by total time (all parametrizations)", ""]
@@ -181,7 +200,7 @@ def render(kernels: list[KernelTimes], workers: int) -> str:
         lines.append(f"| `{name}` | " + " | ".join(f"{per.get(a, 0.0):.1f}" for a in aliases) + " |")
     for k in kernels:
         lines += ["", f"## Slowest test cases on {k.alias}", ""]
-        for c in sorted(k.cases, key=lambda c: (-c.seconds, c.name))[:TOP_CASES]:
+        for c in sorted(k.cases + k.ib_cases, key=lambda c: (-c.seconds, c.name))[:TOP_CASES]:
             lines.append(f"- {c.seconds:7.1f} s `{c.name}`")
     return "\n".join(lines) + "\n"
 

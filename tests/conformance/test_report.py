@@ -456,21 +456,41 @@ def test_results_json_records_the_kernel_release(tmp_path):
     assert isinstance(data["session_finish"], float) and data["session_start"] is None
 
 
+def _ib_runs():
+    return [
+        Run("test_ib.py::t_ib", "kernel", "passed", "i"),
+        Run("test_ib.py::t_ib", "mixed:userspace-kernel", "passed", "j"),
+    ]
+
+
 def test_matrix_directory_names_every_kernel(tmp_path, capsys):
-    """--matrix DIR reads DIR/<alias>/results.json for every kernel of --kernels: a kernel whose guest left
-    nothing fails the report by name, the others get their columns."""
+    """--matrix DIR reads DIR/<alias>/results.json (the main suite) and results-ib.json (the RDS/IB phase)
+    for every kernel of --kernels: a kernel whose guest left nothing, or no IB results, fails the report by
+    name, the others get their columns."""
     guest = tmp_path / "guest"
     for alias, release in (("6.1", "6.1.0-56-amd64"), ("7.3", "7.3.4+deb13-amd64")):
         (guest / alias).mkdir(parents=True)
         _results(guest / alias / "results.json", _runs()[:2], release=release)
+        _results(guest / alias / "results-ib.json", _ib_runs(), release=release)
     acc = tmp_path / "none.toml"
     args = ["--accepted", str(acc), "--out", str(tmp_path / "o"), "--matrix", str(guest)]
     assert report.main([*args, "--kernels", "6.1,7.3"]) == 0
     rep = json.loads((tmp_path / "o" / "conformance-report.json").read_text())
     assert set(rep["kernels"]) == {"6.1", "7.3"} and "kernel@7.3" in rep["columns"]
+    assert rep["scenarios"]["test_ib.py::t_ib"] == {
+        f"{b}@{k}": "passed" for b in ("kernel", "mixed:userspace-kernel") for k in ("6.1", "7.3")
+    }
     capsys.readouterr()
     assert report.main(args) == 1  # the default matrix includes 6.12, which has no results
     assert "kernel 6.12" in capsys.readouterr().err
+    (guest / "7.3" / "results-ib.json").unlink()
+    assert report.main([*args, "--kernels", "6.1,7.3"]) == 1
+    err = capsys.readouterr().err
+    assert "kernel 7.3" in err and "results-ib.json: results file is missing" in err
+    assert report.main([*args, "--kernels", "6.1,7.3", "--phases", "results"]) == 0
+    with pytest.raises(SystemExit) as bad:
+        report.main([*args, "--kernels", "6.1,7.3", "--phases", "../x"])
+    assert bad.value.code == 2
 
 
 def test_guest_deaths_of_the_matrix_are_reported_and_do_not_fail_it(tmp_path, capsys):
@@ -479,6 +499,7 @@ def test_guest_deaths_of_the_matrix_are_reported_and_do_not_fail_it(tmp_path, ca
     guest = tmp_path / "guest"
     (guest / "6.12").mkdir(parents=True)
     _results(guest / "6.12" / "results.json", _runs()[:2], release="6.12.118+deb13-amd64")
+    _results(guest / "6.12" / "results-ib.json", _ib_runs(), release="6.12.118+deb13-amd64")
     death = {
         "attempt": 1,
         "wall_s": 220.4,

@@ -39,8 +39,8 @@ def test_sums_and_ranks_per_kernel(tmp_path: Path) -> None:
     assert {c.scenario for c in k73.cases} == {"test_cli_two_nodes::test_cli", "test_sendrecv::test_ordering"}
     text = timings.render(kernels, workers=2)
     # wall 120 - boot 20 - 101/2 = 49.5 s outside tests; 6.1 has no wall figure
-    assert "| 7.3 | 7.3.4+deb13-amd64 | 20.0 | 120.0 | 3 | 101.0 | 50.5 | 49.5 |" in text
-    assert "| 6.1 | 6.1.0-56-amd64 | 21.0 | - | 0 | 0.0 | 0.0 | - |" in text
+    assert "| 7.3 | 7.3.4+deb13-amd64 | 20.0 | 120.0 | 3 | 101.0 | 50.5 | - | 49.5 |" in text
+    assert "| 6.1 | 6.1.0-56-amd64 | 21.0 | - | 0 | 0.0 | 0.0 | - | - |" in text
     # scenarios ranked by total time; the one under a second is left out
     assert "| `test_cli_two_nodes::test_cli` | 0.0 | 100.5 |" in text
     assert "test_sendrecv::test_ordering`" not in text.split("## Slowest")[0]
@@ -89,3 +89,30 @@ def test_results_without_stamps_give_no_timeline(tmp_path: Path) -> None:
     (m / "7.3" / "results.json").write_text(json.dumps({"tests": [{"nodeid": "a", "outcome": "passed"}]}))
     assert timings.read_matrix(m)[1].workers == ()
     assert "## Worker timelines" not in timings.render(timings.read_matrix(m), workers=2)
+
+
+IB_JUNIT = """<?xml version="1.0"?>
+<testsuites><testsuite name="pytest">
+<testcase classname="tests.conformance.test_ib" name="test_ib_ordering[kernel-kernel]" time="70.25"/>
+<testcase classname="tests.conformance.test_ib" name="test_ib_roundtrip[kernel-kernel-0B]" time="2.0"/>
+</testsuite></testsuites>
+"""
+
+
+def test_the_ib_phase_has_a_column_and_its_cases_are_ranked(tmp_path: Path) -> None:
+    """The RDS/IB session (junit-ib.xml, results-ib.json) is not in the main suite's sum: its wall has a
+    column of its own and is left out of the time outside tests; its cases are ranked with the others."""
+    m = _matrix(tmp_path)
+    (m / "7.3" / "junit-ib.xml").write_text(IB_JUNIT)
+    stamps = {"session_start": 5000.0, "session_finish": 5030.0, "tests": []}
+    (m / "7.3" / "results-ib.json").write_text(json.dumps(stamps))
+    k73 = timings.read_matrix(m)[1]
+    assert k73.tests_s == 101.0 and k73.ib_wall_s == 30.0 and len(k73.ib_cases) == 2
+    text = timings.render(timings.read_matrix(m), workers=2)
+    # wall 120 - boot 20 - 101/2 - IB phase 30 = 19.5 s outside tests
+    assert "| 7.3 | 7.3.4+deb13-amd64 | 20.0 | 120.0 | 3 | 101.0 | 50.5 | 30.0 | 19.5 |" in text
+    assert "| `test_ib::test_ib_ordering` | 0.0 | 70.2 |" in text
+    slow = text.split("## Slowest test cases on 7.3")[1].strip().splitlines()
+    assert slow[0].endswith("`test_ib::test_ib_ordering[kernel-kernel]`")
+    (m / "7.3" / "results-ib.json").write_text(json.dumps({"tests": []}))  # no stamps: no figure
+    assert timings.read_matrix(m)[1].ib_wall_s is None

@@ -1,0 +1,426 @@
+"""RDS/IB between two nodes of ONE machine, for the conformance scenarios of ``tests/conformance/test_ib.py``.
+
+RDS/IB lives in the initial network namespace only (the kernel's rds_rdma and the userspace stack's
+``Service.start_ib`` alike), so the two nodes are two IPv4 addresses of the initial namespace, both on one
+dummy netdev with one rdma_rxe device (:class:`IbFabric`; two rxe devices on a veth pair in one namespace
+end in ADDR_ERROR, docs/userspace.md). Each node is an :class:`~pyrds.testing.agent.Agent` in the initial
+namespace: a kernel node's agent makes AF_RDS sockets, a userspace node's agent gets a stack service of its
+own (``PYRDS_STACK_NAME``; started after the rxe device exists, so it attaches RDS/IB; never idle-exits;
+stopped by :meth:`IbPair.destroy`). Every socket is pinned with ``SO_RDS_TRANSPORT=IB`` before it binds.
+
+Node A is the one that sends first: the pairing ``A-B`` means A dials. Pairings one machine can host:
+
+- ``kernel-kernel``: both ends in the guest kernel (rds_rdma connects to its own other address over rxe);
+- ``userspace-kernel``: the kernel's rds_rdma listens on rdma_cm port 18634, so the userspace node is
+  active-only (its stack logs it) and dials the kernel; the kernel answers on that connection;
+- ``userspace-userspace``: both userspace stacks listen on 18634, which needs the port free, so rds_rdma is
+  unloaded while the pairing lives (:data:`UNLOADS_RDS_RDMA`) and loaded again afterwards. It runs FIRST,
+  and only while the kernel has no RDS/IB connection (:class:`UnsafeUnload` otherwise): on 7.3 (7.3.4) a
+  ``modprobe -r rds_rdma`` after the other pairings, while the kernel still had its RDS/IB connections,
+  panicked the guest (``rds_ib_recv_exit`` warned that ``rds_ib_incoming`` objects remained, then int3 in
+  ``rds_shutdown_worker``: rds running the unloaded module's code). That order crashed both boots of 7.3 in
+  a full matrix run and survived five others (the IB phase alone on 6.1, 6.12, 7.3; the full run on 6.1,
+  6.12), 2026-11-27;
+- ``kernel-userspace`` is NOT covered: the kernel would dial the userspace address on port 18634, where only
+  its own rds_rdma listens (one machine, one rdma_cm port space), so it would connect to itself. It needs two
+  machines (guests); the fixture reports it as a skip with that reason, never as a pass.
+
+The scenarios need the initial namespace to themselves (an rxe device appearing would change what a
+userspace stack started meanwhile attaches; rds_rdma is unloaded for a while), so they run in a phase of
+their own: ``pytest --rds-ib`` (pyrds.testing.plugin), serially, after the main suite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyrds import info
+from pyrds.constants import SOL_RDS, InfoType, SockOpt, Transport
+from pyrds.testing.agent import Agent, RemoteSocket
+
+#: pairings in the order they run: userspace-userspace first (rds_rdma unloaded before the kernel ever had an
+#: RDS/IB connection), then the others with rds_rdma loaded again (the plugin's IB_PAIRS, which must not
+#: import this module at load time)
+PAIRS = ("userspace-userspace", "kernel-kernel", "userspace-kernel", "kernel-userspace")
+NETDEV = "pyrdsib0"
+RXE = "pyrdsibrxe0"
+#: node A's and node B's addresses per pairing (one /24 on the dummy netdev; A < B). Each pairing has its
+#: own: the kernel keeps an RDS connection (and redials it after a drop) when the sockets and even the peer
+#: are gone, so an address the kernel used in one pairing would still be its own in the next
+ADDRS = {
+    "kernel-kernel": ("10.98.0.1", "10.98.0.2"),
+    "userspace-kernel": ("10.98.0.3", "10.98.0.4"),
+    "kernel-userspace": ("10.98.0.5", "10.98.0.6"),
+    "userspace-userspace": ("10.98.0.7", "10.98.0.8"),
+}
+NOT_COVERED = {
+    "kernel-userspace": (
+        "not covered on one machine: a kernel node dialling a userspace node over RDS/IB reaches rdma_cm "
+        "port 18634, where only the kernel's own rds_rdma listens (the userspace node is active-only while "
+        "rds_rdma is loaded), so the kernel would connect to itself; it needs two guests"
+    )
+}
+#: pairings that need rdma_cm port 18634 free: rds_rdma is unloaded while they live
+UNLOADS_RDS_RDMA = frozenset({"userspace-userspace"})
+#: socket buffers of every IB socket (a 1 MiB message needs rds_sk_sndbuf, i.e. SO_SNDBUF / 2, above it)
+SOCK_BUF = 4 << 20
+#: how long the first message of a pairing may take to arrive (connection setup under TCG)
+HELLO_TIMEOUT = 60.0
+#: how long a stack service may take to stop before it is killed
+STOP_TIMEOUT = 30.0
+
+
+class IbSetupError(RuntimeError):
+    """The rxe fabric or a pairing could not be built (the command and its output are in the message)."""
+
+
+class UnsafeUnload(IbSetupError):
+    """rds_rdma would have to be unloaded while the kernel has RDS/IB connections (the pairing's skip)."""
+
+
+def kernel_ib_connections() -> int:
+    """How many RDS/IB connections the kernel lists (RDS6_INFO_IB_CONNECTIONS: IPv4 ones v4-mapped too)."""
+    import pyrds
+
+    s = pyrds.socket("kernel")
+    try:
+        return len(s.get_info(InfoType.RDS6_INFO_IB_CONNECTIONS))
+    finally:
+        s.close()
+
+
+def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    if check and res.returncode != 0:
+        out = (res.stdout + res.stderr).strip()
+        raise IbSetupError(f"{' '.join(argv)} exited {res.returncode}: {out}")
+    return res
+
+
+def ib_unavailable() -> str | None:
+    """None when this machine can host the IB scenarios (root, rds_rdma loaded, rdma_rxe loadable), else
+    why not (the skip reason: the host has no rxe)."""
+    if os.geteuid() != 0:
+        return "RDS/IB scenarios need root (an rxe device, module loading)"
+    if not os.path.isdir("/sys/module/rds_rdma"):
+        return "RDS/IB scenarios need the kernel's rds_rdma loaded (the guest of python -m vm loads it)"
+    if not os.path.isdir("/sys/module/rdma_rxe") and _sh("modprobe", "rdma_rxe", check=False).returncode:
+        return "RDS/IB scenarios need the rdma_rxe module (soft-RoCE), which this kernel does not have"
+    return None
+
+
+def v4_mapped(addr: str) -> bytes:
+    """The 16-byte GID RoCE v2 gives an IPv4 address (``::ffff:a.b.c.d``)."""
+    return ipaddress.IPv6Address(f"::ffff:{addr}").packed
+
+
+def _gids(dev: str) -> set[bytes]:
+    found: set[bytes] = set()
+    base = f"/sys/class/infiniband/{dev}/ports/1/gids"
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            with contextlib.suppress(OSError, ValueError), open(os.path.join(base, name)) as f:
+                found.add(ipaddress.IPv6Address(f.read().strip()).packed)
+    return found
+
+
+class IbFabric:
+    """The dummy netdev with both node addresses and its rxe device; socket buffer limits raised to
+    :data:`SOCK_BUF` (restored by :meth:`destroy`). Build with :meth:`create`, always :meth:`destroy`."""
+
+    def __init__(self) -> None:
+        self.saved: dict[str, str] = {}
+
+    @classmethod
+    def create(cls, timeout: float = 60.0) -> IbFabric:
+        fabric = cls()
+        try:
+            _sh("modprobe", "dummy", check=False)  # autoloaded by `ip link add` too; absent: that fails
+            _sh("ip", "link", "add", NETDEV, "type", "dummy")
+            every = [addr for pair in PAIRS if pair not in NOT_COVERED for addr in ADDRS[pair]]
+            for addr in every:
+                _sh("ip", "addr", "add", f"{addr}/24", "dev", NETDEV)
+            _sh("ip", "link", "set", NETDEV, "up")
+            _sh("rdma", "link", "add", RXE, "type", "rxe", "netdev", NETDEV)
+            # the GID table is filled asynchronously from the netdev's addresses: wait for all of them
+            want = {v4_mapped(addr) for addr in every}
+            deadline = time.monotonic() + timeout
+            while not want <= _gids(RXE):
+                if time.monotonic() > deadline:
+                    raise IbSetupError(f"{RXE}: not every address of {every} has a GID after {timeout:g} s")
+                time.sleep(0.1)
+            for name in ("wmem_max", "rmem_max"):
+                path = f"/proc/sys/net/core/{name}"
+                with open(path) as f:
+                    fabric.saved[path] = f.read()
+                with open(path, "w") as f:
+                    f.write(f"{SOCK_BUF}\n")
+        except BaseException:
+            fabric.destroy()
+            raise
+        return fabric
+
+    def destroy(self) -> None:
+        for path, value in self.saved.items():
+            with contextlib.suppress(OSError), open(path, "w") as f:
+                f.write(value)
+        self.saved.clear()
+        _sh("rdma", "link", "delete", RXE, check=False)
+        _sh("ip", "link", "del", NETDEV, check=False)
+
+
+# ------------------------------------------------------------------------------------------------ stacks
+
+
+def _stack_call(name: str, op: int) -> Any:
+    """One control request to the stack service serving ``name`` (root's, as this process is root); None
+    when nothing serves it."""
+    from pyrds.userspace import rpc
+    from pyrds.userspace.config import peer_cred, stack_address
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.settimeout(10.0)
+        try:
+            s.connect(stack_address(name))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return None
+        if peer_cred(s).uid != 0:
+            raise IbSetupError(f"pyrds stack {name!r} is not served by root: not touched")
+        rpc.send_record(s, rpc.encode((op, ())))
+        raw, _fds = rpc.recv_record(s)
+    finally:
+        s.close()
+    code, result = rpc.decode(raw)
+    if code:
+        raise OSError(code, f"pyrds stack {name!r}: {os.strerror(code)}")
+    return result
+
+
+def stop_stack(name: str) -> None:
+    """Stop the stack service serving ``name`` and wait until its process is gone (SIGKILL after
+    :data:`STOP_TIMEOUT`). Nothing when none serves it."""
+    from pyrds.userspace import rpc
+
+    status = _stack_call(name, rpc.Op.STATUS)
+    if not isinstance(status, dict) or not isinstance(status.get("pid"), int):
+        return
+    pid: int = status["pid"]
+    with contextlib.suppress(OSError, EOFError):
+        _stack_call(name, rpc.Op.STOP)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + STOP_TIMEOUT
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+# ------------------------------------------------------------------------------------------------ nodes
+
+
+@dataclass
+class IbNode:
+    name: str  # "A" / "B"
+    backend: str
+    addr: str
+    agent: Agent
+    stack: str | None = None  # the userspace node's PYRDS_STACK_NAME
+    log: str | None = None  # its stack service's log file
+    sockets: list[RemoteSocket] = field(default_factory=list)
+
+    def socket(self) -> RemoteSocket:
+        """A socket pinned to RDS/IB, with :data:`SOCK_BUF` send and receive buffers, not bound."""
+        s = self.agent.socket(self.backend)
+        self.sockets.append(s)
+        s.setsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT, int(Transport.IB))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCK_BUF)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCK_BUF)
+        return s
+
+    def bound(self, timeout: float = HELLO_TIMEOUT) -> RemoteSocket:
+        s = self.socket()
+        s.bind((self.addr, 0))
+        s.settimeout(timeout)
+        return s
+
+    def close_sockets(self) -> None:
+        with contextlib.suppress(Exception):
+            self.agent.request("close_all")
+        self.sockets.clear()
+
+    def service_log(self) -> str:
+        if not self.log:
+            return ""
+        try:
+            with open(self.log, errors="replace") as f:
+                return f.read()[-4000:]
+        except OSError as exc:
+            return f"(no service log: {exc})"
+
+
+class IbPair:
+    """Node A and node B of one pairing over the fabric; :meth:`create`, then always :meth:`destroy`."""
+
+    def __init__(self, a: IbNode, b: IbNode, unloaded_rds_rdma: bool) -> None:
+        self.a, self.b = a, b
+        self.unloaded_rds_rdma = unloaded_rds_rdma
+
+    @property
+    def nodes(self) -> tuple[IbNode, IbNode]:
+        return (self.a, self.b)
+
+    @property
+    def label(self) -> str:
+        return f"{self.a.backend}-{self.b.backend}"
+
+    @classmethod
+    def create(cls, pair: str) -> IbPair:
+        """Start both agents (userspace: with a stack of its own) and bring the A->B connection up with a
+        message each way. ``pair`` must be one of :data:`PAIRS` outside :data:`NOT_COVERED`."""
+        if pair not in PAIRS or pair in NOT_COVERED:
+            raise ValueError(f"not a pairing one machine can host: {pair!r}")
+        backends = pair.split("-")
+        unload = pair in UNLOADS_RDS_RDMA
+        if unload:
+            held = kernel_ib_connections()
+            if held:
+                raise UnsafeUnload(
+                    f"{pair} needs rds_rdma unloaded, but the kernel has {held} RDS/IB connection(s): "
+                    "unloading it then is not safe (7.3.4 panicked in rds_shutdown_worker); this pairing "
+                    "runs first"
+                )
+            _sh("modprobe", "-r", "rds_rdma")
+            if os.path.isdir("/sys/module/rds_rdma"):
+                raise IbSetupError("modprobe -r rds_rdma returned 0 but the module is still loaded")
+        nodes: list[IbNode] = []
+        try:
+            tag = uuid.uuid4().hex[:8]
+            specs: list[tuple[str, str, str, dict[str, str]]] = []
+            for name, backend, addr in zip("AB", backends, ADDRS[pair], strict=True):
+                env: dict[str, str] = {}
+                if backend == "userspace":
+                    stack = f"pyrds-ib-{name}-{tag}"
+                    env = {
+                        "PYRDS_STACK_NAME": stack,
+                        "PYRDS_STACK_LOG": f"/tmp/{stack}.log",
+                        "PYRDS_LOG": "INFO",
+                        "PYRDS_IDLE_EXIT": "-1",
+                    }
+                specs.append((name, backend, addr, env))
+            with ThreadPoolExecutor(2) as pool:
+                futures = [
+                    pool.submit(Agent, None, env=env, name=f"{name}:{backend}:ib")
+                    for name, backend, _addr, env in specs
+                ]
+                agents: list[Agent | BaseException] = []
+                for fut in futures:
+                    try:
+                        agents.append(fut.result())
+                    except BaseException as exc:  # noqa: BLE001 - the other agent is closed below
+                        agents.append(exc)
+            for (name, backend, addr, env), agent in zip(specs, agents, strict=True):
+                if isinstance(agent, Agent):
+                    stack_name = env.get("PYRDS_STACK_NAME")
+                    log = env.get("PYRDS_STACK_LOG")
+                    nodes.append(IbNode(name, backend, addr, agent, stack_name, log))
+            for agent in agents:
+                if isinstance(agent, BaseException):
+                    raise agent
+            made = cls(nodes[0], nodes[1], unload)
+            made.hello()
+            return made
+        except BaseException:
+            _teardown(nodes, unload)
+            raise
+
+    def hello(self) -> None:
+        """A->B then B->A between warm-up sockets (closed afterwards): the connection is up before any
+        scenario runs, and A (the node that may dial) made it."""
+        wa, wb = self.a.bound(), self.b.bound()
+        try:
+            wa.sendto(b"hello", wb.getsockname())
+            data = wb.recv(64)
+            if data != b"hello":
+                raise IbSetupError(f"{self.label}: the first message A->B arrived as {data!r}")
+            wb.sendto(b"olleh", wa.getsockname())
+            data = wa.recv(64)
+            if data != b"olleh":
+                raise IbSetupError(f"{self.label}: the first message B->A arrived as {data!r}")
+        except (OSError, TimeoutError) as exc:
+            raise IbSetupError(f"{self.label}: no hello exchange: {type(exc).__name__}: {exc}") from exc
+        finally:
+            wa.close()
+            wb.close()
+            self.a.sockets.clear()
+            self.b.sockets.clear()
+
+    def healthy(self) -> bool:
+        return all(n.agent.broken is None and n.agent.proc.poll() is None for n in self.nodes)
+
+    def destroy(self) -> None:
+        _teardown(list(self.nodes), self.unloaded_rds_rdma)
+
+
+def _teardown(nodes: Sequence[IbNode], reload_rds_rdma: bool) -> None:
+    """Close the agents, stop the userspace nodes' stacks, and load rds_rdma again when it was unloaded.
+    Never raises for a node; the reload's failure is raised (the guest's state would be wrong)."""
+    for n in nodes:
+        if n.agent.broken is None:
+            n.close_sockets()
+        with contextlib.suppress(Exception):
+            n.agent.close()
+        if n.stack:
+            with contextlib.suppress(Exception):
+                stop_stack(n.stack)
+    if reload_rds_rdma and not os.path.isdir("/sys/module/rds_rdma"):
+        _sh("modprobe", "rds_rdma")
+
+
+# ------------------------------------------------------------------------------------------------ info
+
+
+def info_table(socks: Sequence[Any], *, table: int) -> tuple[int | None, list[Any]]:
+    """An agent job: one RDS_INFO table of ``socks[0]``'s backend as (record size, parsed rows). The record
+    size is the kernel's ``getsockopt`` return value on a kernel socket, and the raw length over the row
+    count on a userspace one (None when it has no rows)."""
+    sock = socks[0]
+    raw_of = getattr(sock, "get_info_raw", None)
+    if raw_of is not None:
+        each, raw = raw_of(table)
+        size: int | None = int(each)
+    else:
+        got = sock.getsockopt(SOL_RDS, table, 1 << 20)
+        raw = got if isinstance(got, bytes) else b""
+        size = None
+    rows = list(info.parse_info(InfoType(table), raw))
+    if size is None and rows:
+        size = len(raw) // len(rows) if len(raw) % len(rows) == 0 else -len(raw)
+    return size, rows
+
+
+def errno_name(exc: BaseException) -> str:
+    code = getattr(exc, "errno", None)
+    return errno.errorcode.get(code, str(code)) if isinstance(code, int) else type(exc).__name__

@@ -1,0 +1,167 @@
+"""RDS/IB conformance: round trips, ordering and the info tables between two nodes of one machine over
+rdma_rxe (:mod:`pyrds.testing.ib`: kernel-kernel, userspace-kernel, userspace-userspace; kernel-userspace
+is reported as not covered, a skip: it needs two guests).
+
+These scenarios run only with ``--rds-ib`` (a pytest session of their own, after the main suite: they build
+an rxe device in the initial namespace and unload rds_rdma for the userspace-userspace pairing). Every socket
+is pinned with SO_RDS_TRANSPORT=IB and has 4 MiB buffers. Node A sends first (it is the side that dials).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+from typing import Any
+
+import pytest
+
+from pyrds import info
+from pyrds.constants import SOL_RDS, InfoConnectionFlag, InfoType, SockOpt, Transport
+from pyrds.testing.ib import v4_mapped
+
+pytestmark = pytest.mark.rds_ib
+
+SIZES = {"0B": 0, "1B": 1, "4096B": 4096, "4097B": 4097, "64KiB": 64 << 10, "1MiB": 1 << 20}
+RECV_BUF = 2 << 20
+#: messages each way in the ordering scenario, and their largest payload (up to 3 IB fragments)
+ORDER_COUNT = 300
+ORDER_MAX = 9000
+
+
+def _payload(n: int, salt: str) -> bytes:
+    return random.Random(f"{salt}/{n}").randbytes(n)
+
+
+def _differs(got: bytes, want: bytes) -> str:
+    """Why ``got`` is not ``want``, without printing a megabyte."""
+    if len(got) != len(want):
+        return f"{len(got)} bytes instead of {len(want)}"
+    first = next(i for i, (x, y) in enumerate(zip(got, want, strict=True)) if x != y)
+    return f"{len(got)} bytes, first difference at offset {first}"
+
+
+def _pair(rds_ib_pair: Any) -> tuple[Any, Any]:
+    return rds_ib_pair.a.bound(), rds_ib_pair.b.bound()
+
+
+def _ping_pong(a: Any, b: Any) -> None:
+    """One message each way (the connection is up for these sockets' addresses before anything is read)."""
+    a.sendto(b"ping", b.getsockname())
+    assert b.recv(64) == b"ping"
+    b.sendto(b"pong", a.getsockname())
+    assert a.recv(64) == b"pong"
+
+
+@pytest.mark.parametrize("size", list(SIZES.values()), ids=list(SIZES))
+def test_ib_roundtrip(rds_ib_pair, rds_observe, size):
+    """A message of ``size`` bytes A->B, then another B->A: payload and source address intact."""
+    a, b = _pair(rds_ib_pair)
+    ta = a.getsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT)
+    tb = b.getsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT)
+    rds_observe("transport", (ta, tb))
+    assert ta == tb == Transport.IB
+    there, back = _payload(size, "A->B"), _payload(size, "B->A")
+    assert a.sendto(there, b.getsockname()) == size
+    got, src = b.recvfrom(RECV_BUF)
+    assert got == there, f"A->B: {_differs(got, there)}"
+    assert tuple(src) == tuple(a.getsockname())
+    assert b.sendto(back, a.getsockname()) == size
+    got, src = a.recvfrom(RECV_BUF)
+    assert got == back, f"B->A: {_differs(got, back)}"
+    assert tuple(src) == tuple(b.getsockname())
+
+
+def test_ib_ordering(rds_ib_pair, rds_observe):
+    """Both nodes send ORDER_COUNT messages of 4 to ORDER_MAX + 4 bytes to each other at once, non-blocking,
+    retrying on ENOBUFS (pyrds.testing.workloads.exchange): each side's running SHA-256 of what it sent
+    equals the receiver's of what arrived, i.e. every message once, in order."""
+    a, b = _pair(rds_ib_pair)
+    na, nb = rds_ib_pair.a, rds_ib_pair.b
+    kw = {"count": ORDER_COUNT, "max_size": ORDER_MAX, "timeout": 600.0, "stall": 90.0}
+    ja = na.agent.job("pyrds.testing.workloads:exchange", [a], peers=[b.getsockname()], seed=1, **kw)
+    jb = nb.agent.job("pyrds.testing.workloads:exchange", [b], peers=[a.getsockname()], seed=2, **kw)
+    ra = na.agent.wait(ja, 700.0)
+    rb = nb.agent.wait(jb, 700.0)
+    ka, kb = ra["me"], rb["me"]
+    print(f"A {ka}: {ra['elapsed_s']} s, refused {ra['refusals']}")
+    print(f"B {kb}: {rb['elapsed_s']} s, refused {rb['refusals']}")
+    rds_observe("received", (ra["recv_n"], rb["recv_n"]) == ({kb: ORDER_COUNT}, {ka: ORDER_COUNT}))
+    assert ra["recv_n"] == {kb: ORDER_COUNT} and rb["recv_n"] == {ka: ORDER_COUNT}
+    assert ra["sent"][kb] == rb["recv"][ka], "A->B: a message lost, duplicated, reordered or changed"
+    assert rb["sent"][ka] == ra["recv"][kb], "B->A: a message lost, duplicated, reordered or changed"
+
+
+def _flag_names(flags: int) -> str:
+    return "connected" if flags & InfoConnectionFlag.CONNECTED else "not connected"
+
+
+def test_ib_connections_info(rds_ib_pair, rds_observe):
+    """RDS_INFO_CONNECTIONS on each node after a message each way: one row for the pair, transport
+    "infiniband", connected."""
+    a, b = _pair(rds_ib_pair)
+    _ping_pong(a, b)
+    views = []
+    for node, sock, peer in ((rds_ib_pair.a, a, rds_ib_pair.b), (rds_ib_pair.b, b, rds_ib_pair.a)):
+        rows = [
+            r
+            for r in sock.get_info(InfoType.RDS_INFO_CONNECTIONS)
+            if str(r.laddr) == node.addr and str(r.faddr) == peer.addr
+        ]
+        views.append(f"{node.name}: " + ", ".join(f"{r.transport} {_flag_names(r.flags)}" for r in rows))
+    rds_observe("rows", "; ".join(views))
+    assert views == [f"{n}: infiniband connected" for n in "AB"]
+
+
+def _ends(row: Any) -> tuple[str, str]:
+    """The row's (source, destination) as IPv4 text (a v4-mapped IPv6 address of RDS6_* as its IPv4)."""
+    out = []
+    for addr in (row.src_addr, row.dst_addr):
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        out.append(str(addr))
+    return out[0], out[1]
+
+
+def _gids(row: Any, own: str, peer: str) -> str:
+    if (row.src_gid, row.dst_gid) == (v4_mapped(own), v4_mapped(peer)):
+        return "own/peer (v4-mapped)"
+    return f"{row.src_gid.hex()}/{row.dst_gid.hex()}"
+
+
+@pytest.mark.parametrize(
+    "table", [InfoType.RDS_INFO_IB_CONNECTIONS, InfoType.RDS6_INFO_IB_CONNECTIONS], ids=["ipv4", "ipv6"]
+)
+def test_ib_rdma_connection_info(rds_ib_pair, rds_observe, table):
+    """RDS_INFO_IB_CONNECTIONS / RDS6_INFO_IB_CONNECTIONS on each node after a message each way: one record
+    for the pair (in the v6 table with v4-mapped addresses), in the uapi size, the GIDs of both ends swapped
+    between the two nodes' records. Observed per node: record size, GIDs, ring sizes and max_send_sge, tos
+    and sl, the MR pool figures, whether cache_allocs is zero."""
+    a, b = _pair(rds_ib_pair)
+    _ping_pong(a, b)
+    found = {}
+    for node, sock, peer in ((rds_ib_pair.a, a, rds_ib_pair.b), (rds_ib_pair.b, b, rds_ib_pair.a)):
+        job = node.agent.job("pyrds.testing.ib:info_table", [sock], table=int(table))
+        size, rows = node.agent.wait(job, 60.0)
+        mine = [r for r in rows if _ends(r) == (node.addr, peer.addr)]
+        found[node.name] = (size, mine, node.addr, peer.addr)
+    counts = {n: len(mine) for n, (_s, mine, _o, _p) in found.items()}
+    rds_observe("records", counts)
+    assert counts == {"A": 1, "B": 1}, counts
+    view: dict[str, list[str]] = {}
+    for n, (size, mine, own, peer) in found.items():
+        r = mine[0]
+        print(f"{n} {own} -> {peer}: record size {size}, {r}")  # the figures behind the observations
+        for key, value in (
+            ("record_size", size),
+            ("gids", _gids(r, own, peer)),
+            ("rings", f"send_wr {r.max_send_wr} recv_wr {r.max_recv_wr} send_sge {r.max_send_sge}"),
+            ("tos_sl", f"{r.tos}/{r.sl}"),
+            ("mr_pool", f"rdma_mr_max {r.rdma_mr_max} rdma_mr_size {r.rdma_mr_size}"),
+            ("cache_allocs", "0" if r.cache_allocs == 0 else "> 0"),
+        ):
+            view.setdefault(key, []).append(f"{n}: {value}")
+    for key, values in view.items():
+        rds_observe(key, "; ".join(values))
+    assert found["A"][0] == found["B"][0] == info.record_size(table)
+    ra, rb = found["A"][1][0], found["B"][1][0]
+    assert (ra.src_gid, ra.dst_gid) == (rb.dst_gid, rb.src_gid), "the two records' GIDs are not swapped"

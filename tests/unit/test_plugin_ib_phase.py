@@ -1,0 +1,84 @@
+"""The plugin's RDS/IB phase: ``rds_ib`` scenarios run only with ``--rds-ib`` and ``--rds-ib`` runs nothing
+else; their pairings get the report's backend labels; a pairing this machine cannot host is a SKIP with its
+reason (never a pass), and kernel-userspace always says it is not covered. Runs pytest in a subprocess on a
+throw-away project (on the host: no rxe, no rds_rdma, so every IB pairing skips)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from pyrds.testing import ib, plugin
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROJECT = textwrap.dedent(
+    """
+    import pytest
+
+
+    def test_main_suite():
+        pass
+
+
+    @pytest.mark.rds_ib
+    @pytest.mark.parametrize("size", [0, 1], ids=["0B", "1B"])
+    def test_ib_scenario(rds_ib_pair, size):
+        raise AssertionError("never reached where the fabric cannot be built")
+    """
+)
+
+
+def _run(tmp_path: Path, *options: str) -> tuple[str, dict[str, Any]]:
+    (tmp_path / "test_ib_project.py").write_text(PROJECT)
+    results = tmp_path / "results.json"
+    # this checkout's plugin, whichever pyrds the interpreter has installed
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONPATH=path)
+    env.pop("PYTEST_ADDOPTS", None)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    args = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts=", "-rA"]
+    proc = subprocess.run(
+        [*args, "-p", "pyrds.testing.plugin", f"--rds-results={results}", *options, "test_ib_project.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return proc.stdout + proc.stderr, json.loads(results.read_text())
+
+
+def test_ib_scenarios_are_deselected_from_the_main_suite(tmp_path: Path) -> None:
+    out, data = _run(tmp_path)
+    assert "1 passed, 8 deselected" in out, out
+    assert [t["nodeid"] for t in data["tests"]] == ["test_ib_project.py::test_main_suite"]
+
+
+def test_the_ib_phase_runs_only_ib_scenarios_with_pairing_labels(tmp_path: Path) -> None:
+    out, data = _run(tmp_path, "--rds-ib")
+    assert "8 skipped, 1 deselected" in out, out
+    seen = {(t["props"]["rds_scenario"], t["props"]["rds_backend"], t["outcome"]) for t in data["tests"]}
+    labels = ["kernel", "mixed:userspace-kernel", "mixed:kernel-userspace", "userspace"]
+    assert seen == {
+        (f"test_ib_project.py::test_ib_scenario[{size}]", label, "skipped")
+        for size in ("0B", "1B")
+        for label in labels
+    }
+    reasons = {t["props"]["rds_backend"]: t["reason"] for t in data["tests"]}
+    assert "not covered on one machine" in reasons["mixed:kernel-userspace"]
+    assert "needs two guests" in " ".join(reasons["mixed:kernel-userspace"].split())
+
+
+def test_pairings_agree_between_plugin_and_topology() -> None:
+    assert ib.PAIRS == plugin.IB_PAIRS
+    assert set(ib.NOT_COVERED) | set(ib.ADDRS) <= set(plugin.IB_PAIRS)
+    hosted = [p for p in plugin.IB_PAIRS if p not in ib.NOT_COVERED]
+    addrs = [a for p in hosted for a in ib.ADDRS[p]]
+    assert len(set(addrs)) == len(addrs) == 2 * len(hosted)  # every pairing has addresses of its own
+    assert all(ib.ADDRS[p][0] < ib.ADDRS[p][1] for p in hosted)  # node A has the smaller address
