@@ -52,6 +52,7 @@ _CONSUMED = rpc.CONSUMED
 _MSG_TRUNC = int(socket.MSG_TRUNC)
 _MSG_PEEK = int(socket.MSG_PEEK)
 _MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
+_MSG_OOB = int(socket.MSG_OOB)
 _local = threading.local()
 
 
@@ -305,7 +306,9 @@ class RDSSocket(RDSSocketBase):
             if queued - served == self._pushed_read:
                 drained = True
                 try:
-                    while self._ready.recv(4096, _MSG_DONTWAIT):
+                    # one read takes every byte queued (a stream read walks the whole receive queue); the
+                    # service waited for each byte's delivery before it pushed anything after it
+                    while len(self._ready.recv(4096, _MSG_DONTWAIT)) == 4096:
                         pass
                 except OSError:
                     pass
@@ -393,7 +396,7 @@ class RDSSocket(RDSSocketBase):
         # CPython's rules: no timeout -> the call blocks unless MSG_DONTWAIT; timeout 0 -> non-blocking;
         # timeout > 0 -> the fd is non-blocking for the kernel, CPython polls first and retries on EAGAIN.
         timed = bool(self._timeout)
-        blocking = self._timeout is None and not flags & socket.MSG_DONTWAIT
+        blocking = self._timeout is None and not flags & _MSG_DONTWAIT
         deadline = self._deadline()
         raw_anc = rpc.encode(anc) if anc else b""
         size = sum(len(b) for b in bufs)
@@ -448,10 +451,10 @@ class RDSSocket(RDSSocketBase):
         if ancbufsize < 0:
             raise ValueError("invalid ancillary data buffer length")
         timed = bool(self._timeout)
-        blocking = self._timeout is None and not flags & socket.MSG_DONTWAIT
+        blocking = self._timeout is None and not flags & _MSG_DONTWAIT
         deadline = self._deadline()
         fast = bufsize < 1 << 62 and ancbufsize < 1 << 62
-        oob = flags & socket.MSG_OOB
+        oob = flags & _MSG_OOB
         while True:
             if self._ctl is None:
                 raise os_error(errno.EBADF)
