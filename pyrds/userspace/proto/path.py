@@ -77,6 +77,9 @@ class PathState(enum.IntEnum):
     ERROR = 5
 
 
+_CONG_BITMAP = int(HeaderFlag.CONG_BITMAP)  # a plain int: an IntFlag operand costs an enum call per send
+
+
 class SendQueueFull(Exception):
     """:meth:`PathEngine.queue` would exceed the caller-supplied queue limits."""
 
@@ -86,6 +89,7 @@ class _Out:
     header: RDSHeader
     payload: bytes
     end: int = 0  # connection byte offset just past this message, once written
+    wire: bytes = b""  # ``header.encode()`` when already made (the header is frozen), else empty
 
 
 class PathEngine:
@@ -212,7 +216,7 @@ class PathEngine:
         """Queue a message (any state: it goes out once UP); returns its sequence number."""
         if len(payload) > self.max_len:
             raise ValueError(f"payload of {len(payload)} bytes exceeds {self.max_len}")
-        if extra_flags & ~0xFF or extra_flags & HeaderFlag.CONG_BITMAP:
+        if extra_flags & ~0xFF or extra_flags & _CONG_BITMAP:
             raise ValueError("extra_flags must be a u8 without CONG_BITMAP")
         if (self.max_queued_msgs is not None and self.queued_msgs + 1 > self.max_queued_msgs) or (
             self.max_queued_bytes is not None and self._queued_bytes + len(payload) > self.max_queued_bytes
@@ -225,9 +229,9 @@ class PathEngine:
     ) -> int:
         seq = self._next_tx_seq
         header = RDSHeader(seq, 0, len(payload), sport, dport, flags, 0, 0, exthdr)
-        header.encode()  # validate ranges now, not at drain time
+        wire = header.encode()  # validate ranges now, not at drain time; kept for the write
         self._next_tx_seq += 1
-        self._send_queue.append(_Out(header, payload))
+        self._send_queue.append(_Out(header, payload, 0, wire))
         self._queued_bytes += len(payload)
         if sport == 0:
             self._pongs += 1
@@ -281,7 +285,7 @@ class PathEngine:
             return bytes(out)
         while self._send_queue and (max_bytes is None or not out or len(out) < max_bytes):
             msg = self._send_queue.popleft()
-            out += msg.header.encode()
+            out += msg.wire or msg.header.encode()
             out += msg.payload
             msg.end = self._tx_bytes + len(out)
             self._written.append(msg)
