@@ -119,6 +119,7 @@ class TcpPath:
         self.holds = 0
         self._full: list[tuple[IPAddress, int]] = []  # over-cap receivers seen while feeding
         self._registered = False  # the current socket is in the event loop
+        self._mask = -1  # the events :meth:`_interest` last registered it for (-1: not by it)
 
     @property
     def up(self) -> bool:
@@ -202,6 +203,7 @@ class TcpPath:
         self.holds = 0
         self.loop.register(s, W, self._on_connect)
         self._registered = True
+        self._mask = -1
 
     def _on_connect(self, _mask: int) -> None:
         s = self.sock
@@ -224,6 +226,7 @@ class TcpPath:
         self.holds = 0
         self._full.clear()
         self._registered = registered
+        self._mask = -1
         self.outbuf = b""
         self._interest(False)
         self.wire_bytes = 0
@@ -479,10 +482,12 @@ class TcpPath:
                 self.loop.unregister(s)
                 self._registered = False
         elif self._registered:
-            self.loop.modify(s, mask, self._on_io)
+            if mask != self._mask:  # twice per message otherwise, for nothing
+                self.loop.modify(s, mask, self._on_io)
         else:
             self.loop.register(s, mask, self._on_io)
             self._registered = True
+        self._mask = mask
 
     def _hold_for_full(self) -> None:
         """After a read: every receiving socket that went over its receive cap holds this connection (it is
