@@ -77,6 +77,8 @@ class PathState(enum.IntEnum):
     ERROR = 5
 
 
+#: a payload this large goes to the socket as its own buffer (a gathered write) instead of being copied
+OWN_BUFFER = 8192
 _CONG_BITMAP = int(HeaderFlag.CONG_BITMAP)  # a plain int: an IntFlag operand costs an enum call per send
 
 
@@ -271,26 +273,46 @@ class PathEngine:
 
     def bytes_to_send(self, max_bytes: int | None = None) -> bytes:
         """Drain whole messages to write to the TCP socket (at least one if any, then up to ``max_bytes``)."""
+        return b"".join(self.buffers_to_send(max_bytes))
+
+    def buffers_to_send(self, max_bytes: int | None = None, max_buffers: int = 64) -> list[bytes]:
+        """What :meth:`bytes_to_send` drains, as buffers to write in this order (``socket.sendmsg``): a
+        payload of :data:`OWN_BUFFER` bytes or more is its own buffer, as queued (not copied), everything
+        else is joined; at most ``max_buffers`` buffers (fewer messages then)."""
         self._held = False
         if self._state != PathState.UP:
-            return b""
-        out = bytearray()
+            return []
+        out: list[bytes] = []
+        small = bytearray()
+        size = 0
         if self._cong_pending:
             self._cong_pending = False
-            out += encode_cong_map_message(self.local_map)
+            small += encode_cong_map_message(self.local_map)
+            size = len(small)
         if self._send_queue and self.lane0 is not None and self.lane0.catching_up():
             self._held = True
             self.catchup_retries += 1
-            self._tx_bytes += len(out)
-            return bytes(out)
-        while self._send_queue and (max_bytes is None or not out or len(out) < max_bytes):
-            msg = self._send_queue.popleft()
-            out += msg.wire or msg.header.encode()
-            out += msg.payload
-            msg.end = self._tx_bytes + len(out)
+            self._tx_bytes += size
+            return [bytes(small)] if small else []
+        queue = self._send_queue
+        while queue and (max_bytes is None or not size or size < max_bytes) and len(out) < max_buffers - 2:
+            msg = queue.popleft()
+            hdr = msg.wire or msg.header.encode()
+            small += hdr
+            payload = msg.payload
+            if len(payload) >= OWN_BUFFER:
+                out.append(bytes(small))
+                out.append(payload)
+                small = bytearray()
+            else:
+                small += payload
+            size += len(hdr) + len(payload)
+            msg.end = self._tx_bytes + size
             self._written.append(msg)
-        self._tx_bytes += len(out)
-        return bytes(out)
+        if small:
+            out.append(bytes(small))
+        self._tx_bytes += size
+        return out
 
     @property
     def tx_bytes(self) -> int:

@@ -102,7 +102,9 @@ class TcpPath:
         )
         self.sock: socket.socket | None = None
         self.peer_port: int | None = None  # the TCP peer's port of the current connection
-        self.outbuf = b""
+        #: what the engine handed out and TCP has not taken yet, in order (the first one possibly a view of
+        #: the rest of a buffer TCP took in part)
+        self.outbuf: list[bytes | memoryview] = []
         self.wire_bytes = 0  # bytes the TCP socket accepted on this connection
         self.pending: dict[int, Outgoing] = {}
         self.dial_scheduled = False
@@ -227,7 +229,7 @@ class TcpPath:
         self._full.clear()
         self._registered = registered
         self._mask = -1
-        self.outbuf = b""
+        self.outbuf = []
         self._interest(False)
         self.wire_bytes = 0
         self.confirmed = not self.conn.owner
@@ -281,7 +283,7 @@ class TcpPath:
             # which its TCP saw acked (a 7.x kernel frees them on that). Close it like any other connection.
             self.established(s, registered=True)
         self.check_acks()
-        self.outbuf = b""
+        self.outbuf = []
         self.engine.disconnecting(time.monotonic())
         try:
             s.shutdown(socket.SHUT_WR)
@@ -348,7 +350,7 @@ class TcpPath:
             s.close()
             self.sock = None
             self.host.counters["conn_reset"] += 1
-        self.outbuf = b""
+        self.outbuf = []
         self.confirmed = False
         self.gen += 1
         if self.engine.state != PathState.DOWN:
@@ -372,17 +374,18 @@ class TcpPath:
                 self._to_engine(self.staged.popleft())
             held = False
             while True:
-                if not self.outbuf:
+                out = self.outbuf
+                if not out:
                     if held:
                         break
-                    self.outbuf = self.engine.bytes_to_send(WRITE_CHUNK)
+                    out = self.outbuf = [*self.engine.buffers_to_send(WRITE_CHUNK)]
                     if self.engine.held:
                         held = True
                         self._catchup_wait()
-                    if not self.outbuf:
+                    if not out:
                         break
                 try:
-                    n = s.send(self.outbuf)
+                    n = s.send(out[0]) if len(out) == 1 else s.sendmsg(out)
                 except (BlockingIOError, InterruptedError):
                     self.host.counters["tcp_sndbuf_full"] += 1
                     self._interest(True)
@@ -390,8 +393,8 @@ class TcpPath:
                 except OSError:
                     self.begin_close()  # reset by the peer: what it sent before is still to be read
                     return
-                self.outbuf = self.outbuf[n:]
                 self.wire_bytes += n
+                _sent(out, n)
             if not self.outbuf:
                 self._interest(False)
         self.check_acks()
@@ -581,6 +584,18 @@ class TcpPath:
                 pass  # the pong's handshake came as NpathsNegotiated; a map of the wrong length is ignored
             case _:
                 assert_never(ev)
+
+
+def _sent(out: list[bytes | memoryview], n: int) -> None:
+    """TCP took the first ``n`` bytes of ``out``: drop what went, keep a view of a buffer's unsent rest (no
+    copy of it, as slicing bytes would make)."""
+    i = 0
+    while i < len(out) and n >= len(out[i]):
+        n -= len(out[i])
+        i += 1
+    del out[:i]
+    if n:
+        out[0] = memoryview(out[0])[n:]
 
 
 def _acked_read(s: socket.socket, data: bytes) -> tuple[bytes, bool]:
