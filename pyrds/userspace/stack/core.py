@@ -402,6 +402,14 @@ class Stack:
             rs.add_zcookie(msg.zcookie)
         rs.update_readiness()
 
+    def acks_awaited(self, msg: Outgoing) -> bool:
+        """StackHost.acks_awaited: a zerocopy completion, or a send buffer half full or more (a sender may
+        find it full, or waits on POLLOUT, until acks release it)."""
+        if msg.zcookie is not None:
+            return True
+        rs = self.socks.get(msg.sock_id)
+        return rs is not None and rs.snd_bytes * 2 >= rs.rds_sndbuf
+
     def cancel_sent_to(self, rs: SockState, daddr: IPAddress, dport: int) -> None:
         daddr = normalize(daddr)
         for key, msg in list(rs.sent.items()):

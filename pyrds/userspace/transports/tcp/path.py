@@ -41,6 +41,12 @@ __all__ = ["PathOwner", "R", "TcpPath", "W"]
 log = logging.getLogger("pyrds.userspace.tcp")
 R, W = selectors.EVENT_READ, selectors.EVENT_WRITE
 ACK_POLL = 0.005
+#: how often a path with unacked messages asks TCP when no sender waits for them (every read and write of
+#: the path asks anyway): a timer per message at ACK_POLL woke an otherwise idle service once per message
+#: whenever a round trip took longer than ACK_POLL (a TCG guest: ~0.7 wakeups per round trip per service)
+ACK_POLL_IDLE = 0.05
+#: the newest unacked messages :meth:`TcpPath._ack_poll` asks about (StackHost.acks_awaited)
+ACK_LOOK = 4
 CONFIRM_POLL = 0.01  # owner: how often an unconfirmed connection checks whether its preamble was acked
 CONFIRM_TIMEOUT = 5.0  # owner: send on a new connection after this even if nothing confirmed it
 CLOSE_TIMEOUT = 5.0  # graceful close: give up waiting for the peer's FIN
@@ -108,7 +114,8 @@ class TcpPath:
         self.wire_bytes = 0  # bytes the TCP socket accepted on this connection
         self.pending: dict[int, Outgoing] = {}
         self.dial_scheduled = False
-        self.ack_scheduled = False
+        #: when the ack timer that is out will run (None: none is out)
+        self._ack_timer_at: float | None = None
         #: owner: the peer accepted the current connection (the one fact of a path's life the engine's
         #: PathState does not hold; see :attr:`lane`)
         self.confirmed = False
@@ -434,12 +441,37 @@ class TcpPath:
             msg = self.pending.pop(acked.seq, None)
             if msg is not None:
                 self.host.acked(msg)
-        if self.pending and not self.ack_scheduled:
-            self.ack_scheduled = True
-            self.loop.call_later(ACK_POLL, self._ack_timer)
+        if self.pending:
+            self._ack_poll()
+
+    def _ack_poll(self) -> None:
+        """Ask TCP for acks again later: after ACK_POLL when a sender waits for them (the stack says so for
+        one of the newest unacked messages: a send buffer half full, a zerocopy completion), else after
+        ACK_POLL_IDLE. A timer already out that runs soon enough stays the only one (none is cancelled: a
+        later one finds it is not the current one and does nothing)."""
+        now = time.monotonic()
+        at = self._ack_timer_at
+        if at is not None and at <= now + ACK_POLL:
+            return
+        host = self.host
+        urgent = False
+        for n, msg in enumerate(reversed(self.pending.values())):
+            if n == ACK_LOOK:
+                break
+            if host.acks_awaited(msg):
+                urgent = True
+                break
+        delay = ACK_POLL if urgent else ACK_POLL_IDLE
+        if at is not None and at <= now + delay:
+            return
+        self._ack_timer_at = now + delay
+        self.loop.call_later(delay, self._ack_timer)
 
     def _ack_timer(self) -> None:
-        self.ack_scheduled = False
+        at = self._ack_timer_at
+        if at is None or time.monotonic() < at:
+            return  # superseded: a sooner timer ran (and set up its own successor, if needed)
+        self._ack_timer_at = None
         self.check_acks()
 
     def _on_io(self, mask: int) -> None:
