@@ -17,6 +17,7 @@ from pyrds.userspace.config import SYSCTL_DEFAULTS
 from pyrds.userspace.proto import CongestionMap, PathEngine
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
 from pyrds.userspace.transports.tcp.path import ACK_POLL, ACK_POLL_IDLE, R, TcpPath
+from pyrds.userspace.transports.tcp.sockopt import unread_bytes
 from tests.unit.userspace.fakes import FakeSvc
 
 LADDR, FADDR = ipaddress.ip_address("10.0.0.2"), ipaddress.ip_address("10.0.0.1")
@@ -30,9 +31,11 @@ class FakeStack:
         self.config = type("Cfg", (), {"sysctl": sysctl})
         self.counters: defaultdict[str, int] = defaultdict(int)
         self.delivered: list[bytes] = []
+        self.pushable: list[bool] = []
 
     def deliver(self, inc: Incoming) -> bool:
         self.delivered.append(inc.payload)
+        self.pushable.append(inc.pushable)
         return True
 
     def hold_reader(self, *_a: Any) -> bool:
@@ -251,3 +254,38 @@ def test_unacked_messages_are_asked_about_soon_only_when_a_sender_waits(
     late = conn.loop.timers.pop(0)[1]
     late()  # superseded by the sooner ones: does nothing, adds nothing
     assert _ack_timers(conn) == [ACK_POLL]
+
+
+def test_a_read_with_more_than_an_mss_waiting_behind_it_is_acked_and_pushable() -> None:
+    """A bulk sender keeps our receive queue full, so it is never empty after a read; yet with at least the
+    advertised MSS still queued, TCP_QUICKACK acks past what we read (tcp_cleanup_rbuf's once-per-MSS rule),
+    so the messages may be pushed to the reader (before: served by request, one round trip each)."""
+    with socket.create_server(("127.0.0.1", 0)) as lst:
+        lst.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)  # SO_RCVBUFFORCE: the whole stream fits (root)
+        peer = socket.create_connection(lst.getsockname())
+        ours, _ = lst.accept()
+    try:
+        ours.setblocking(False)
+        stream = peer_frames(*[bytes([i]) * 16384 for i in range(128)])
+        peer.setblocking(False)
+        sent = 0
+        deadline = time.monotonic() + 10
+        while sent < len(stream) and time.monotonic() < deadline:
+            try:
+                sent += peer.send(stream[sent:])
+            except BlockingIOError:
+                time.sleep(0.001)
+        assert sent == len(stream)
+        while unread_bytes(ours) < len(stream) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        conn = FakeConn()
+        path = TcpPath(conn, 1)  # type: ignore[arg-type]
+        path.established(ours)
+        assert 0 < path._advmss <= 0xFFFF
+        path._on_io(R)  # one read of 256 KiB (plus the ones the ACK rule makes): MiBs still queued behind it
+        assert unread_bytes(ours) >= path._advmss
+        got = conn.mgr.stack.pushable
+        assert got and all(got)
+    finally:
+        ours.close()
+        peer.close()

@@ -34,7 +34,14 @@ from pyrds.userspace.proto.path import PathEngine, PathState
 from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, Lane
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
 from pyrds.userspace.stack.transport import EventLoop, StackHost
-from pyrds.userspace.transports.tcp.sockopt import ack_now, bind_path_port, tune, unacked_bytes, unread_bytes
+from pyrds.userspace.transports.tcp.sockopt import (
+    ack_now,
+    advertised_mss,
+    bind_path_port,
+    tune,
+    unacked_bytes,
+    unread_bytes,
+)
 
 __all__ = ["PathOwner", "R", "TcpPath", "W"]
 
@@ -122,6 +129,8 @@ class TcpPath:
         self.gen = 0  # connection generation: stale timers compare it
         #: the last read ended with the ACK for all of it sent (:func:`_acked_read`): its messages may go out
         self._read_acked = False
+        #: the current connection's advertised MSS (TCP_INFO; 0: unknown), for :func:`_acked_read`
+        self._advmss = 0
         self.staged: deque[Outgoing] = deque()
         self.catchup_scheduled = False
         #: receiving sockets over their cap that this connection waits for (not read while > 0)
@@ -231,6 +240,7 @@ class TcpPath:
         self.gen += 1
         sysctl = self.host.config.sysctl
         tune(s, sysctl["rds_tcp_sndbuf"], sysctl["rds_tcp_rcvbuf"], sysctl["rds_tcp_user_timeout_ms"])
+        self._advmss = advertised_mss(s)
         svc = self.loop
         self.holds = 0
         self._full.clear()
@@ -327,7 +337,7 @@ class TcpPath:
                 return
             if not data:
                 return
-            data, self._read_acked = _acked_read(self.sock, data)
+            data, self._read_acked = _acked_read(self.sock, data, self._advmss if self.up else 0)
             if not self._feed(data):
                 return
             self._hold_for_full()
@@ -497,7 +507,7 @@ class TcpPath:
             self.lost()
             return
         # acked before anything read here can reach a reader (docs/userspace.md, "Restart")
-        data, self._read_acked = _acked_read(s, data)
+        data, self._read_acked = _acked_read(s, data, self._advmss if self.up else 0)
         if self._feed(data):
             self._hold_for_full()
             if not self.confirmed:
@@ -630,7 +640,7 @@ def _sent(out: list[bytes | memoryview], n: int) -> None:
         out[0] = memoryview(out[0])[n:]
 
 
-def _acked_read(s: socket.socket, data: bytes) -> tuple[bytes, bool]:
+def _acked_read(s: socket.socket, data: bytes, advmss: int = 0) -> tuple[bytes, bool]:
     """``data`` just read from ``s``, plus whatever more it takes until our TCP has acked all of it; and
     whether it did (False: the receive queue was still not empty, so the ACK for the last bytes may wait).
 
@@ -639,12 +649,27 @@ def _acked_read(s: socket.socket, data: bytes) -> tuple[bytes, bool]:
     the read keeps the ACK delayed, and a service killed then would see the peer resend what it had already
     delivered (a duplicate after a restart, seen under load in ``test_restart_netns[receiver]``). So read on,
     without waiting, until SIOCINQ shows the queue empty after the ACK (at most :data:`ACK_READS` more
-    reads; a peer that keeps the queue full acks on the MSS rule anyway)."""
+    reads).
+
+    A peer that keeps the queue full (a bulk sender) rarely lets it be empty, and its messages then went to
+    the reader by request, one round trip each. The MSS rule covers that case: with ``advmss`` > 0 (the
+    connection's advertised MSS, an upper bound of ``icsk_ack.rcv_mss``; only while the connection is
+    ESTABLISHED or CLOSE_WAIT, where TCP_QUICKACK runs ``tcp_cleanup_rbuf``), when SIOCINQ says at least
+    ``advmss`` bytes wait beyond what we read, one more TCP_QUICKACK either sends an ACK (which acks all
+    that arrived, our bytes too) or finds none owed, or finds less than one MSS unacked since the last ACK
+    sent (``rcv_nxt - rcv_wup <= rcv_mss``): then that ACK's sequence ``rcv_wup`` is at least ``rcv_nxt -
+    advmss``, which is past the end of what we read (``rcv_nxt - SIOCINQ``). Either way our bytes are acked.
+    """
     ack_now(s)
     more: list[bytes] = []
     acked = False
     for _ in range(ACK_READS + 1):
-        if not unread_bytes(s):
+        waiting = unread_bytes(s)
+        if not waiting:
+            acked = True
+            break
+        if advmss and waiting >= advmss:
+            ack_now(s)  # SIOCINQ came before it: the queue held at least advmss beyond our bytes
             acked = True
             break
         if len(more) == ACK_READS:
