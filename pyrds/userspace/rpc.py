@@ -196,7 +196,7 @@ def send_parts(sock: socket.socket, parts: Sequence[Buffer], limit: int = CHUNK)
     """Send one record made of ``parts`` (gathered by the kernel when it fits one packet: no join)."""
     total = 1
     for p in parts:
-        total += memoryview(p).nbytes
+        total += len(p) if type(p) is bytes else memoryview(p).nbytes
     if total <= limit:
         _sendmsg(sock, [_LAST, *parts], [])
     else:

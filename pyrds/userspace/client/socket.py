@@ -52,6 +52,10 @@ _CONSUMED = rpc.CONSUMED
 _MSG_TRUNC = int(socket.MSG_TRUNC)
 _MSG_PEEK = int(socket.MSG_PEEK)
 _MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
+_MSG_OOB = int(socket.MSG_OOB)
+#: a C int's and a ssize_t's ranges: plain ints within them skip c_int/c_ssize (same values, same errors)
+_INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
+_SSIZE_MAX = (1 << 63) - 1
 _local = threading.local()
 
 
@@ -305,7 +309,9 @@ class RDSSocket(RDSSocketBase):
             if queued - served == self._pushed_read:
                 drained = True
                 try:
-                    while self._ready.recv(4096, _MSG_DONTWAIT):
+                    # one read takes every byte queued (a stream read walks the whole receive queue); the
+                    # service waited for each byte's delivery before it pushed anything after it
+                    while len(self._ready.recv(4096, _MSG_DONTWAIT)) == 4096:
                         pass
                 except OSError:
                     pass
@@ -386,15 +392,16 @@ class RDSSocket(RDSSocketBase):
     ) -> int:
         # the stdlib's checks, in its order, before any request: flags and address, then the data (bytes-like
         # only: TypeError), then the ancillary items
-        flags = c_int(flags)
+        if type(flags) is not int or not _INT_MIN <= flags <= _INT_MAX:
+            flags = c_int(flags)
         dest = None if address is None else _pack_dest(address)
         bufs: list[rpc.Buffer] = [b if type(b) is bytes else readable_view(b) for b in _iterable(buffers)]
         anc = send_ancdata(ancdata) if ancdata else []
         # CPython's rules: no timeout -> the call blocks unless MSG_DONTWAIT; timeout 0 -> non-blocking;
         # timeout > 0 -> the fd is non-blocking for the kernel, CPython polls first and retries on EAGAIN.
         timed = bool(self._timeout)
-        blocking = self._timeout is None and not flags & socket.MSG_DONTWAIT
-        deadline = self._deadline()
+        blocking = self._timeout is None and not flags & _MSG_DONTWAIT
+        deadline = None if self._timeout is None else self._deadline()
         raw_anc = rpc.encode(anc) if anc else b""
         size = sum(len(b) for b in bufs)
         oversize = size > RDS_MAX_MSG_SIZE
@@ -442,16 +449,24 @@ class RDSSocket(RDSSocketBase):
         return data, sender
 
     def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> tuple[bytes, AncData, int, Any]:
-        bufsize, ancbufsize, flags = c_ssize(bufsize), c_ssize(ancbufsize), c_int(flags)
+        if not (
+            type(bufsize) is int
+            and type(ancbufsize) is int
+            and type(flags) is int
+            and 0 <= bufsize <= _SSIZE_MAX
+            and 0 <= ancbufsize <= _SSIZE_MAX
+            and _INT_MIN <= flags <= _INT_MAX
+        ):
+            bufsize, ancbufsize, flags = c_ssize(bufsize), c_ssize(ancbufsize), c_int(flags)
         if bufsize < 0:
             raise ValueError("negative buffer size in recvmsg()")
         if ancbufsize < 0:
             raise ValueError("invalid ancillary data buffer length")
         timed = bool(self._timeout)
-        blocking = self._timeout is None and not flags & socket.MSG_DONTWAIT
-        deadline = self._deadline()
+        blocking = self._timeout is None and not flags & _MSG_DONTWAIT
+        deadline = None if self._timeout is None else self._deadline()
         fast = bufsize < 1 << 62 and ancbufsize < 1 << 62
-        oob = flags & socket.MSG_OOB
+        oob = flags & _MSG_OOB
         while True:
             if self._ctl is None:
                 raise os_error(errno.EBADF)

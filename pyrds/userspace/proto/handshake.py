@@ -130,9 +130,19 @@ def send_path_index(port: int, npaths: int, initval: int) -> int:
 
 
 def _mpath_hash(port: int, initval: int, n: int) -> int:
-    """``RDS_MPATH_HASH``: the one path hash of the stack."""
-    h = jhash_1word(port, initval & _M32)
+    """``RDS_MPATH_HASH``: the one path hash of the stack (jhash in Python costs ~30 operations; a socket
+    sends to few ports, so the hashes are remembered, a bounded number)."""
+    key = (port, initval)
+    h = _hashes.get(key)
+    if h is None:
+        if len(_hashes) >= _HASHES_MAX:
+            _hashes.clear()
+        h = _hashes[key] = jhash_1word(port, initval & _M32)
     return h & (n - 1) if n & (n - 1) == 0 else h % n
+
+
+_hashes: dict[tuple[int, int], int] = {}
+_HASHES_MAX = 4096
 
 
 def _packed(addr: AddressLike) -> bytes:

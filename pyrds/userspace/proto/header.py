@@ -113,8 +113,13 @@ class ExtHeader:
         return ()
 
 
+_NO_EXTHDRS = bytes(RDS_EXTHDR_SIZE)
+
+
 def encode_exthdrs(exts: tuple[ExtHeader, ...] | list[ExtHeader]) -> bytes:
     """The 16-byte ``h_exthdr`` area: each extension, then a NONE terminator if room is left."""
+    if not exts:
+        return _NO_EXTHDRS
     out = bytearray()
     for ext in exts:
         out.append(ext.type)
@@ -142,6 +147,19 @@ def decode_exthdrs(area: bytes) -> tuple[ExtHeader, ...]:
     return tuple(exts)
 
 
+#: the fields :meth:`RDSHeader.encode` range-checks, with their widths (those of ``_HDR``)
+_FIELD_BITS = (
+    ("sequence", 64),
+    ("ack", 64),
+    ("length", 32),
+    ("sport", 16),
+    ("dport", 16),
+    ("flags", 8),
+    ("credit", 8),
+    ("csum", 16),
+)
+
+
 def _check(name: str, value: int, bits: int) -> None:
     if not 0 <= value < (1 << bits):
         raise ValueError(f"{name}={value} does not fit in {bits} bits")
@@ -163,26 +181,25 @@ class RDSHeader:
 
     def encode(self) -> bytes:
         """The 48 wire bytes (padding zero; h_csum stored big-endian, TCP always sends 0)."""
-        _check("sequence", self.sequence, 64)
-        _check("ack", self.ack, 64)
-        _check("length", self.length, 32)
-        _check("sport", self.sport, 16)
-        _check("dport", self.dport, 16)
-        _check("flags", self.flags, 8)
-        _check("credit", self.credit, 8)
-        _check("csum", self.csum, 16)
-        return _HDR.pack(
-            self.sequence,
-            self.ack,
-            self.length,
-            self.sport,
-            self.dport,
-            self.flags,
-            self.credit,
-            b"\0\0\0\0",
-            self.csum,
-            encode_exthdrs(self.exthdr),
-        )
+        exthdr = encode_exthdrs(self.exthdr)
+        try:
+            # the struct's fields have exactly the header's widths, so it refuses what _check refuses
+            return _HDR.pack(
+                self.sequence,
+                self.ack,
+                self.length,
+                self.sport,
+                self.dport,
+                self.flags,
+                self.credit,
+                b"\0\0\0\0",
+                self.csum,
+                exthdr,
+            )
+        except struct.error:
+            for name, bits in _FIELD_BITS:
+                _check(name, getattr(self, name), bits)  # which field, as a ValueError
+            raise
 
     @classmethod
     def decode(cls, raw: bytes | bytearray | memoryview) -> RDSHeader:

@@ -77,6 +77,11 @@ class PathState(enum.IntEnum):
     ERROR = 5
 
 
+#: a payload this large goes to the socket as its own buffer (a gathered write) instead of being copied
+OWN_BUFFER = 8192
+_CONG_BITMAP = int(HeaderFlag.CONG_BITMAP)  # a plain int: an IntFlag operand costs an enum call per send
+
+
 class SendQueueFull(Exception):
     """:meth:`PathEngine.queue` would exceed the caller-supplied queue limits."""
 
@@ -86,6 +91,7 @@ class _Out:
     header: RDSHeader
     payload: bytes
     end: int = 0  # connection byte offset just past this message, once written
+    wire: bytes = b""  # ``header.encode()`` when already made (the header is frozen), else empty
 
 
 class PathEngine:
@@ -212,7 +218,7 @@ class PathEngine:
         """Queue a message (any state: it goes out once UP); returns its sequence number."""
         if len(payload) > self.max_len:
             raise ValueError(f"payload of {len(payload)} bytes exceeds {self.max_len}")
-        if extra_flags & ~0xFF or extra_flags & HeaderFlag.CONG_BITMAP:
+        if extra_flags & ~0xFF or extra_flags & _CONG_BITMAP:
             raise ValueError("extra_flags must be a u8 without CONG_BITMAP")
         if (self.max_queued_msgs is not None and self.queued_msgs + 1 > self.max_queued_msgs) or (
             self.max_queued_bytes is not None and self._queued_bytes + len(payload) > self.max_queued_bytes
@@ -225,9 +231,9 @@ class PathEngine:
     ) -> int:
         seq = self._next_tx_seq
         header = RDSHeader(seq, 0, len(payload), sport, dport, flags, 0, 0, exthdr)
-        header.encode()  # validate ranges now, not at drain time
+        wire = header.encode()  # validate ranges now, not at drain time; kept for the write
         self._next_tx_seq += 1
-        self._send_queue.append(_Out(header, payload))
+        self._send_queue.append(_Out(header, payload, 0, wire))
         self._queued_bytes += len(payload)
         if sport == 0:
             self._pongs += 1
@@ -267,26 +273,46 @@ class PathEngine:
 
     def bytes_to_send(self, max_bytes: int | None = None) -> bytes:
         """Drain whole messages to write to the TCP socket (at least one if any, then up to ``max_bytes``)."""
+        return b"".join(self.buffers_to_send(max_bytes))
+
+    def buffers_to_send(self, max_bytes: int | None = None, max_buffers: int = 64) -> list[bytes]:
+        """What :meth:`bytes_to_send` drains, as buffers to write in this order (``socket.sendmsg``): a
+        payload of :data:`OWN_BUFFER` bytes or more is its own buffer, as queued (not copied), everything
+        else is joined; at most ``max_buffers`` buffers (fewer messages then)."""
         self._held = False
         if self._state != PathState.UP:
-            return b""
-        out = bytearray()
+            return []
+        out: list[bytes] = []
+        small = bytearray()
+        size = 0
         if self._cong_pending:
             self._cong_pending = False
-            out += encode_cong_map_message(self.local_map)
+            small += encode_cong_map_message(self.local_map)
+            size = len(small)
         if self._send_queue and self.lane0 is not None and self.lane0.catching_up():
             self._held = True
             self.catchup_retries += 1
-            self._tx_bytes += len(out)
-            return bytes(out)
-        while self._send_queue and (max_bytes is None or not out or len(out) < max_bytes):
-            msg = self._send_queue.popleft()
-            out += msg.header.encode()
-            out += msg.payload
-            msg.end = self._tx_bytes + len(out)
+            self._tx_bytes += size
+            return [bytes(small)] if small else []
+        queue = self._send_queue
+        while queue and (max_bytes is None or not size or size < max_bytes) and len(out) < max_buffers - 2:
+            msg = queue.popleft()
+            hdr = msg.wire or msg.header.encode()
+            small += hdr
+            payload = msg.payload
+            if len(payload) >= OWN_BUFFER:
+                out.append(bytes(small))
+                out.append(payload)
+                small = bytearray()
+            else:
+                small += payload
+            size += len(hdr) + len(payload)
+            msg.end = self._tx_bytes + size
             self._written.append(msg)
-        self._tx_bytes += len(out)
-        return bytes(out)
+        if small:
+            out.append(bytes(small))
+        self._tx_bytes += size
+        return out
 
     @property
     def tx_bytes(self) -> int:

@@ -38,15 +38,24 @@ __all__ = ["main"]
 log = logging.getLogger("pyrds.userspace.service")
 
 
+#: free bytes glibc keeps at the heap's top before it shrinks the heap (a few 256 KiB receive buffers)
+TRIM_THRESHOLD = 2 << 20
+
+
 def _tune_malloc() -> None:
     """Keep large receive buffers off mmap: every ``recv(256 KiB)`` of the TCP path allocates the bytes object
     above glibc's 128 KiB mmap threshold and shrinks it, which costs mmap + mremap + munmap and fresh page
-    faults per read (a freed shrunk chunk never raises the dynamic threshold). glibc only; best effort."""
+    faults per read (a freed shrunk chunk never raises the dynamic threshold). Setting the threshold also
+    fixes the trim threshold at its 128 KiB default, so the same buffer then grew the heap with brk and
+    gave it back with brk on every read (two syscalls and a fresh page fault per message): keep up to
+    M_TRIM_THRESHOLD free at the heap's top (closing a large queue still calls malloc_trim). glibc only;
+    best effort."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None)
         libc.mallopt(ctypes.c_int(-3), ctypes.c_int(8 << 20))  # M_MMAP_THRESHOLD
+        libc.mallopt(ctypes.c_int(-1), ctypes.c_int(TRIM_THRESHOLD))  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         pass
 

@@ -105,6 +105,13 @@ class Readiness:
         self.writable = True
         #: bytes sent into B (A's tcpi_bytes_received reaches it once they all arrived)
         self.sent = 0
+        #: A's POLLIN, asked after every byte sent: one poll object for the socket's life (the service is
+        #: single-threaded, so it is never polled twice at once)
+        self._pollin = select.poll()
+        self._pollin.register(self.a.fileno(), select.POLLIN)
+
+    def _a_readable(self, timeout_ms: int) -> bool:
+        return bool(self._pollin.poll(timeout_ms))
 
     def client_fd(self) -> int:
         return self.a.fileno()
@@ -117,10 +124,11 @@ class Readiness:
             if flag:
                 self.b.send(b"r", _NB)
                 self.sent += 1
-                if self.tcp and not _poll(self.a, select.POLLIN, 0):
+                if self.tcp and not self._a_readable(0):
                     self._await_delivery()  # loopback delivery deferred to ksoftirqd
             else:
-                while self.a.recv(4096, _NB):
+                # one read takes all that A holds (a stream read walks its whole receive queue)
+                while len(self.a.recv(4096, _NB)) == 4096:
                     pass
         except (BlockingIOError, InterruptedError):
             pass
@@ -132,7 +140,7 @@ class Readiness:
         client may have read the byte already (it empties A after reading the tail of its data channel), so
         the test is A's byte count (tcpi_bytes_received), not its poll state."""
         deadline = 20
-        while deadline > 0 and not _poll(self.a, select.POLLIN, 0):
+        while deadline > 0 and not self._a_readable(0):
             try:
                 info = self.a.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_LEN)
                 received = _TCPI_BYTES_RECEIVED.unpack_from(info, _TCPI_BYTES_RECEIVED_OFF)[0]
@@ -140,7 +148,7 @@ class Readiness:
                 received = -1  # no byte count: wait for POLLIN as before
             if received >= self.sent:
                 return
-            _poll(self.a, select.POLLIN, 5)
+            self._a_readable(5)
             deadline -= 1
 
     def client_drained(self, readable: bool) -> None:

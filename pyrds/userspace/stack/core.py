@@ -40,10 +40,18 @@ TRIM_AFTER_BYTES = 1 << 20
 
 
 def _valid_dest(ip: IPAddress) -> bool:
-    ip = normalize(ip)
-    if ip.is_unspecified or ip.is_multicast:
-        return False
-    return not (ip.version == 4 and int(ip) == 0xFFFFFFFF)
+    """Not unspecified, multicast or the IPv4 broadcast address (remembered: checked for every send)."""
+    valid = _valid_dests.get(ip)
+    if valid is None:
+        n = normalize(ip)
+        valid = not (n.is_unspecified or n.is_multicast or (n.version == 4 and int(n) == 0xFFFFFFFF))
+        if len(_valid_dests) >= LOCAL_CACHE_MAX:
+            _valid_dests.clear()
+        _valid_dests[ip] = valid
+    return valid
+
+
+_valid_dests: dict[IPAddress, bool] = {}
 
 
 class Stack:
@@ -393,6 +401,14 @@ class Stack:
         if msg.zcookie is not None:
             rs.add_zcookie(msg.zcookie)
         rs.update_readiness()
+
+    def acks_awaited(self, msg: Outgoing) -> bool:
+        """StackHost.acks_awaited: a zerocopy completion, or a send buffer half full or more (a sender may
+        find it full, or waits on POLLOUT, until acks release it)."""
+        if msg.zcookie is not None:
+            return True
+        rs = self.socks.get(msg.sock_id)
+        return rs is not None and rs.snd_bytes * 2 >= rs.rds_sndbuf
 
     def cancel_sent_to(self, rs: SockState, daddr: IPAddress, dport: int) -> None:
         daddr = normalize(daddr)

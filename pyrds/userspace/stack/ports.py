@@ -15,6 +15,8 @@ Key = tuple[IPAddress, int]
 
 def normalize(ip: IPAddress) -> IPAddress:
     """v4-mapped IPv6 addresses are the IPv4 address (the kernel keys everything as in6)."""
+    if type(ip) is ipaddress.IPv4Address:  # the usual case, several times per message: no property call
+        return ip
     if ip.version == 6:
         mapped = ip.ipv4_mapped
         if mapped is not None:

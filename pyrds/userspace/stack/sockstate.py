@@ -18,6 +18,10 @@ _inum = itertools.count(1000)
 class ReadinessSink(Protocol):
     """Where a socket's poll state goes: the service's readiness fd (the client polls it)."""
 
+    #: the states last set (what the fd shows, as far as this side knows)
+    readable: bool
+    writable: bool
+
     def set_readable(self, flag: bool) -> None: ...
     def set_writable(self, flag: bool) -> None: ...
     def client_drained(self, readable: bool) -> None: ...
@@ -203,5 +207,10 @@ class SockState:
         r = self.readiness
         if r is None:
             return
-        r.set_readable(self.has_input() or self.hist_pollin())
-        r.set_writable(self.snd_bytes < self.rds_sndbuf)
+        # called several times per message: the fd is only touched when a state changes
+        readable = self.has_input() or self.hist_pollin()
+        if readable != r.readable:
+            r.set_readable(readable)
+        writable = self.snd_bytes < self.rds_sndbuf
+        if writable != r.writable:
+            r.set_writable(writable)

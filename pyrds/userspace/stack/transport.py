@@ -146,6 +146,11 @@ class StackHost(Protocol):
     def acked(self, msg: Outgoing) -> None:
         """A sent message will never be sent again: release its send-buffer bytes."""
 
+    def acks_awaited(self, msg: Outgoing) -> bool:
+        """Whether a sender waits for ``msg``'s ack now (its send buffer is half full or more, or a zerocopy
+        completion is due): a transport that polls for acks then polls soon, else it may learn them later."""
+        ...
+
     def is_local(self, ip: IPAddress, scope_id: int = 0) -> bool:
         """Whether ``ip`` is an address of this node (namespace)."""
         ...

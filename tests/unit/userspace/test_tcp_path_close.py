@@ -16,7 +16,8 @@ import pytest
 from pyrds.userspace.config import SYSCTL_DEFAULTS
 from pyrds.userspace.proto import CongestionMap, PathEngine
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
-from pyrds.userspace.transports.tcp.path import R, TcpPath
+from pyrds.userspace.transports.tcp.path import ACK_POLL, ACK_POLL_IDLE, R, TcpPath
+from pyrds.userspace.transports.tcp.sockopt import unread_bytes
 from tests.unit.userspace.fakes import FakeSvc
 
 LADDR, FADDR = ipaddress.ip_address("10.0.0.2"), ipaddress.ip_address("10.0.0.1")
@@ -30,15 +31,20 @@ class FakeStack:
         self.config = type("Cfg", (), {"sysctl": sysctl})
         self.counters: defaultdict[str, int] = defaultdict(int)
         self.delivered: list[bytes] = []
+        self.pushable: list[bool] = []
 
     def deliver(self, inc: Incoming) -> bool:
         self.delivered.append(inc.payload)
+        self.pushable.append(inc.pushable)
         return True
 
     def hold_reader(self, *_a: Any) -> bool:
         return False
 
     def acked(self, _msg: Outgoing) -> None: ...
+    def acks_awaited(self, _msg: Outgoing) -> bool:
+        return True
+
     def is_local(self, *_a: Any) -> bool:
         return False
 
@@ -203,3 +209,83 @@ def test_a_dialling_socket_acks_nothing_of_the_last_connection() -> None:
         path.begin_close()  # a sysctl rewrite while dialling
         assert len(conn.acked) == acked_before, "messages of the dead connection reported acked"
         assert len(path.engine.unacked) == in_flight - acked_before
+
+
+@pytest.fixture
+def closed_window_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """Ours and a peer that never reads with a tiny receive buffer: what we write beyond it stays unacked."""
+    with socket.create_server(("127.0.0.1", 0)) as lst:
+        peer = socket.socket()
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        peer.connect(lst.getsockname())
+        ours, _ = lst.accept()
+    ours.setblocking(False)
+    yield ours, peer
+    ours.close()
+    peer.close()
+
+
+def _ack_timers(conn: FakeConn) -> list[float]:
+    return [delay for delay, _fn in conn.loop.timers]
+
+
+def test_unacked_messages_are_asked_about_soon_only_when_a_sender_waits(
+    closed_window_pair: tuple[socket.socket, ...],
+) -> None:
+    ours, _peer = closed_window_pair
+    conn = FakeConn()
+    awaited = False
+    conn.host.acks_awaited = lambda _msg: awaited  # type: ignore[method-assign]
+    path = TcpPath(conn, 1)  # type: ignore[arg-type]
+    path.established(ours)
+    conn.loop.timers.clear()
+    for _ in range(3):
+        path.queue(Outgoing(7, LADDR, FADDR, 4000, 5000, bytes(65536)))
+    assert path.pending  # the peer's window is closed: not acked
+    # nobody waits for these acks: one timer, not soon (every read and write of the path asks anyway)
+    assert _ack_timers(conn) == [ACK_POLL_IDLE]
+    awaited = True  # e.g. the sender's buffer is half full now: a sooner timer is added
+    path.queue(Outgoing(7, LADDR, FADDR, 4000, 5000, bytes(65536)))
+    assert _ack_timers(conn) == [ACK_POLL_IDLE, ACK_POLL]
+    soon = conn.loop.timers.pop()[1]
+    time.sleep(ACK_POLL)  # its time comes (the fake loop runs timers when told, not when due)
+    soon()  # still unacked: the next one, soon again
+    assert _ack_timers(conn) == [ACK_POLL_IDLE, ACK_POLL]
+    late = conn.loop.timers.pop(0)[1]
+    late()  # superseded by the sooner ones: does nothing, adds nothing
+    assert _ack_timers(conn) == [ACK_POLL]
+
+
+def test_a_read_with_more_than_an_mss_waiting_behind_it_is_acked_and_pushable() -> None:
+    """A bulk sender keeps our receive queue full, so it is never empty after a read; yet with at least the
+    advertised MSS still queued, TCP_QUICKACK acks past what we read (tcp_cleanup_rbuf's once-per-MSS rule),
+    so the messages may be pushed to the reader (before: served by request, one round trip each)."""
+    with socket.create_server(("127.0.0.1", 0)) as lst:
+        lst.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)  # SO_RCVBUFFORCE: the whole stream fits (root)
+        peer = socket.create_connection(lst.getsockname())
+        ours, _ = lst.accept()
+    try:
+        ours.setblocking(False)
+        stream = peer_frames(*[bytes([i]) * 16384 for i in range(128)])
+        peer.setblocking(False)
+        sent = 0
+        deadline = time.monotonic() + 10
+        while sent < len(stream) and time.monotonic() < deadline:
+            try:
+                sent += peer.send(stream[sent:])
+            except BlockingIOError:
+                time.sleep(0.001)
+        assert sent == len(stream)
+        while unread_bytes(ours) < len(stream) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        conn = FakeConn()
+        path = TcpPath(conn, 1)  # type: ignore[arg-type]
+        path.established(ours)
+        assert 0 < path._advmss <= 0xFFFF
+        path._on_io(R)  # one read of 256 KiB (plus the ones the ACK rule makes): MiBs still queued behind it
+        assert unread_bytes(ours) >= path._advmss
+        got = conn.mgr.stack.pushable
+        assert got and all(got)
+    finally:
+        ours.close()
+        peer.close()

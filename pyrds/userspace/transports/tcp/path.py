@@ -34,13 +34,26 @@ from pyrds.userspace.proto.path import PathEngine, PathState
 from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, Lane
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
 from pyrds.userspace.stack.transport import EventLoop, StackHost
-from pyrds.userspace.transports.tcp.sockopt import ack_now, bind_path_port, tune, unacked_bytes, unread_bytes
+from pyrds.userspace.transports.tcp.sockopt import (
+    ack_now,
+    advertised_mss,
+    bind_path_port,
+    tune,
+    unacked_bytes,
+    unread_bytes,
+)
 
 __all__ = ["PathOwner", "R", "TcpPath", "W"]
 
 log = logging.getLogger("pyrds.userspace.tcp")
 R, W = selectors.EVENT_READ, selectors.EVENT_WRITE
 ACK_POLL = 0.005
+#: how often a path with unacked messages asks TCP when no sender waits for them (every read and write of
+#: the path asks anyway): a timer per message at ACK_POLL woke an otherwise idle service once per message
+#: whenever a round trip took longer than ACK_POLL (a TCG guest: ~0.7 wakeups per round trip per service)
+ACK_POLL_IDLE = 0.05
+#: the newest unacked messages :meth:`TcpPath._ack_poll` asks about (StackHost.acks_awaited)
+ACK_LOOK = 4
 CONFIRM_POLL = 0.01  # owner: how often an unconfirmed connection checks whether its preamble was acked
 CONFIRM_TIMEOUT = 5.0  # owner: send on a new connection after this even if nothing confirmed it
 CLOSE_TIMEOUT = 5.0  # graceful close: give up waiting for the peer's FIN
@@ -103,23 +116,29 @@ class TcpPath:
         self.sock: socket.socket | None = None
         self.peer_port: int | None = None  # the TCP peer's port of the current connection
         self.dial_port: int | None = None  # owner: our source port of the last dial (a re-dial avoids it)
-        self.outbuf = b""
+        #: what the engine handed out and TCP has not taken yet, in order (the first one possibly a view of
+        #: the rest of a buffer TCP took in part)
+        self.outbuf: list[bytes | memoryview] = []
         self.wire_bytes = 0  # bytes the TCP socket accepted on this connection
         self.pending: dict[int, Outgoing] = {}
         self.dial_scheduled = False
-        self.ack_scheduled = False
+        #: when the ack timer that is out will run (None: none is out)
+        self._ack_timer_at: float | None = None
         #: owner: the peer accepted the current connection (the one fact of a path's life the engine's
         #: PathState does not hold; see :attr:`lane`)
         self.confirmed = False
         self.gen = 0  # connection generation: stale timers compare it
         #: the last read ended with the ACK for all of it sent (:func:`_acked_read`): its messages may go out
         self._read_acked = False
+        #: the current connection's advertised MSS (TCP_INFO; 0: unknown), for :func:`_acked_read`
+        self._advmss = 0
         self.staged: deque[Outgoing] = deque()
         self.catchup_scheduled = False
         #: receiving sockets over their cap that this connection waits for (not read while > 0)
         self.holds = 0
         self._full: list[tuple[IPAddress, int]] = []  # over-cap receivers seen while feeding
         self._registered = False  # the current socket is in the event loop
+        self._mask = -1  # the events :meth:`_interest` last registered it for (-1: not by it)
 
     @property
     def up(self) -> bool:
@@ -203,6 +222,7 @@ class TcpPath:
         self.holds = 0
         self.loop.register(s, W, self._on_connect)
         self._registered = True
+        self._mask = -1
         timeout_ms = self.host.config.sysctl["rds_tcp_user_timeout_ms"]
         if timeout_ms > 0:
             # TCP_USER_TIMEOUT (set once connected, like the kernel's rds_tcp_tune) bounds a connection's
@@ -242,11 +262,13 @@ class TcpPath:
         self.gen += 1
         sysctl = self.host.config.sysctl
         tune(s, sysctl["rds_tcp_sndbuf"], sysctl["rds_tcp_rcvbuf"], sysctl["rds_tcp_user_timeout_ms"])
+        self._advmss = advertised_mss(s)
         svc = self.loop
         self.holds = 0
         self._full.clear()
         self._registered = registered
-        self.outbuf = b""
+        self._mask = -1
+        self.outbuf = []
         self._interest(False)
         self.wire_bytes = 0
         self.confirmed = not self.conn.owner
@@ -300,7 +322,7 @@ class TcpPath:
             # which its TCP saw acked (a 7.x kernel frees them on that). Close it like any other connection.
             self.established(s, registered=True)
         self.check_acks()
-        self.outbuf = b""
+        self.outbuf = []
         self.engine.disconnecting(time.monotonic())
         try:
             s.shutdown(socket.SHUT_WR)
@@ -337,7 +359,7 @@ class TcpPath:
                 return
             if not data:
                 return
-            data, self._read_acked = _acked_read(self.sock, data)
+            data, self._read_acked = _acked_read(self.sock, data, self._advmss if self.up else 0)
             if not self._feed(data):
                 return
             self._hold_for_full()
@@ -367,7 +389,7 @@ class TcpPath:
             s.close()
             self.sock = None
             self.host.counters["conn_reset"] += 1
-        self.outbuf = b""
+        self.outbuf = []
         self.confirmed = False
         self.gen += 1
         if self.engine.state != PathState.DOWN:
@@ -391,17 +413,18 @@ class TcpPath:
                 self._to_engine(self.staged.popleft())
             held = False
             while True:
-                if not self.outbuf:
+                out = self.outbuf
+                if not out:
                     if held:
                         break
-                    self.outbuf = self.engine.bytes_to_send(WRITE_CHUNK)
+                    out = self.outbuf = [*self.engine.buffers_to_send(WRITE_CHUNK)]
                     if self.engine.held:
                         held = True
                         self._catchup_wait()
-                    if not self.outbuf:
+                    if not out:
                         break
                 try:
-                    n = s.send(self.outbuf)
+                    n = s.send(out[0]) if len(out) == 1 else s.sendmsg(out)
                 except (BlockingIOError, InterruptedError):
                     self.host.counters["tcp_sndbuf_full"] += 1
                     self._interest(True)
@@ -409,8 +432,8 @@ class TcpPath:
                 except OSError:
                     self.begin_close()  # reset by the peer: what it sent before is still to be read
                     return
-                self.outbuf = self.outbuf[n:]
                 self.wire_bytes += n
+                _sent(out, n)
             if not self.outbuf:
                 self._interest(False)
         self.check_acks()
@@ -450,12 +473,37 @@ class TcpPath:
             msg = self.pending.pop(acked.seq, None)
             if msg is not None:
                 self.host.acked(msg)
-        if self.pending and not self.ack_scheduled:
-            self.ack_scheduled = True
-            self.loop.call_later(ACK_POLL, self._ack_timer)
+        if self.pending:
+            self._ack_poll()
+
+    def _ack_poll(self) -> None:
+        """Ask TCP for acks again later: after ACK_POLL when a sender waits for them (the stack says so for
+        one of the newest unacked messages: a send buffer half full, a zerocopy completion), else after
+        ACK_POLL_IDLE. A timer already out that runs soon enough stays the only one (none is cancelled: a
+        later one finds it is not the current one and does nothing)."""
+        now = time.monotonic()
+        at = self._ack_timer_at
+        if at is not None and at <= now + ACK_POLL:
+            return
+        host = self.host
+        urgent = False
+        for n, msg in enumerate(reversed(self.pending.values())):
+            if n == ACK_LOOK:
+                break
+            if host.acks_awaited(msg):
+                urgent = True
+                break
+        delay = ACK_POLL if urgent else ACK_POLL_IDLE
+        if at is not None and at <= now + delay:
+            return
+        self._ack_timer_at = now + delay
+        self.loop.call_later(delay, self._ack_timer)
 
     def _ack_timer(self) -> None:
-        self.ack_scheduled = False
+        at = self._ack_timer_at
+        if at is None or time.monotonic() < at:
+            return  # superseded: a sooner timer ran (and set up its own successor, if needed)
+        self._ack_timer_at = None
         self.check_acks()
 
     def _on_io(self, mask: int) -> None:
@@ -481,7 +529,7 @@ class TcpPath:
             self.lost()
             return
         # acked before anything read here can reach a reader (docs/userspace.md, "Restart")
-        data, self._read_acked = _acked_read(s, data)
+        data, self._read_acked = _acked_read(s, data, self._advmss if self.up else 0)
         if self._feed(data):
             self._hold_for_full()
             if not self.confirmed:
@@ -501,10 +549,12 @@ class TcpPath:
                 self.loop.unregister(s)
                 self._registered = False
         elif self._registered:
-            self.loop.modify(s, mask, self._on_io)
+            if mask != self._mask:  # twice per message otherwise, for nothing
+                self.loop.modify(s, mask, self._on_io)
         else:
             self.loop.register(s, mask, self._on_io)
             self._registered = True
+        self._mask = mask
 
     def _hold_for_full(self) -> None:
         """After a read: every receiving socket that went over its receive cap holds this connection (it is
@@ -600,7 +650,19 @@ class TcpPath:
                 assert_never(ev)
 
 
-def _acked_read(s: socket.socket, data: bytes) -> tuple[bytes, bool]:
+def _sent(out: list[bytes | memoryview], n: int) -> None:
+    """TCP took the first ``n`` bytes of ``out``: drop what went, keep a view of a buffer's unsent rest (no
+    copy of it, as slicing bytes would make)."""
+    i = 0
+    while i < len(out) and n >= len(out[i]):
+        n -= len(out[i])
+        i += 1
+    del out[:i]
+    if n:
+        out[0] = memoryview(out[0])[n:]
+
+
+def _acked_read(s: socket.socket, data: bytes, advmss: int = 0) -> tuple[bytes, bool]:
     """``data`` just read from ``s``, plus whatever more it takes until our TCP has acked all of it; and
     whether it did (False: the receive queue was still not empty, so the ACK for the last bytes may wait).
 
@@ -609,12 +671,27 @@ def _acked_read(s: socket.socket, data: bytes) -> tuple[bytes, bool]:
     the read keeps the ACK delayed, and a service killed then would see the peer resend what it had already
     delivered (a duplicate after a restart, seen under load in ``test_restart_netns[receiver]``). So read on,
     without waiting, until SIOCINQ shows the queue empty after the ACK (at most :data:`ACK_READS` more
-    reads; a peer that keeps the queue full acks on the MSS rule anyway)."""
+    reads).
+
+    A peer that keeps the queue full (a bulk sender) rarely lets it be empty, and its messages then went to
+    the reader by request, one round trip each. The MSS rule covers that case: with ``advmss`` > 0 (the
+    connection's advertised MSS, an upper bound of ``icsk_ack.rcv_mss``; only while the connection is
+    ESTABLISHED or CLOSE_WAIT, where TCP_QUICKACK runs ``tcp_cleanup_rbuf``), when SIOCINQ says at least
+    ``advmss`` bytes wait beyond what we read, one more TCP_QUICKACK either sends an ACK (which acks all
+    that arrived, our bytes too) or finds none owed, or finds less than one MSS unacked since the last ACK
+    sent (``rcv_nxt - rcv_wup <= rcv_mss``): then that ACK's sequence ``rcv_wup`` is at least ``rcv_nxt -
+    advmss``, which is past the end of what we read (``rcv_nxt - SIOCINQ``). Either way our bytes are acked.
+    """
     ack_now(s)
     more: list[bytes] = []
     acked = False
     for _ in range(ACK_READS + 1):
-        if not unread_bytes(s):
+        waiting = unread_bytes(s)
+        if not waiting:
+            acked = True
+            break
+        if advmss and waiting >= advmss:
+            ack_now(s)  # SIOCINQ came before it: the queue held at least advmss beyond our bytes
             acked = True
             break
         if len(more) == ACK_READS:

@@ -12,7 +12,7 @@ import termios
 
 from pyrds.userspace.proto.pathset import dial_port, sport_idx_ports
 
-__all__ = ["ack_now", "bind_path_port", "local_port_range", "tune", "unacked_bytes"]
+__all__ = ["ack_now", "advertised_mss", "bind_path_port", "local_port_range", "tune", "unacked_bytes"]
 
 _OUTQ = struct.Struct("i")
 
@@ -53,6 +53,23 @@ def unacked_bytes(s: socket.socket) -> int | None:
     except OSError:
         return None
     return outq
+
+
+#: struct tcp_info: tcpi_advmss (u32) at offset 84 (linux/tcp.h, since 2.6)
+_TCPI_ADVMSS = struct.Struct("=I")
+_TCPI_ADVMSS_OFF = 84
+_TCPI_ADVMSS_LEN = 88
+
+
+def advertised_mss(s: socket.socket) -> int:
+    """The MSS this side advertised on ``s`` (``tcpi_advmss``: an upper bound of the receive MSS estimate
+    TCP acks by, ``icsk_ack.rcv_mss``); 0 when TCP_INFO cannot say."""
+    try:
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_ADVMSS_LEN)
+        mss: int = _TCPI_ADVMSS.unpack_from(info, _TCPI_ADVMSS_OFF)[0]
+    except (OSError, struct.error):
+        return 0
+    return mss if 0 < mss <= 0xFFFF else 0
 
 
 def unread_bytes(s: socket.socket) -> int:
