@@ -41,7 +41,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,15 +56,19 @@ from pyrds.testing.agent import Agent, RemoteSocket
 PAIRS = ("userspace-userspace", "kernel-kernel", "userspace-kernel", "kernel-userspace")
 NETDEV = "pyrdsib0"
 RXE = "pyrdsibrxe0"
-#: node A's and node B's addresses per pairing (one /24 on the dummy netdev; A < B). Each pairing has its
-#: own: the kernel keeps an RDS connection (and redials it after a drop) when the sockets and even the peer
-#: are gone, so an address the kernel used in one pairing would still be its own in the next
-ADDRS = {
-    "kernel-kernel": ("10.98.0.1", "10.98.0.2"),
-    "userspace-kernel": ("10.98.0.3", "10.98.0.4"),
-    "kernel-userspace": ("10.98.0.5", "10.98.0.6"),
-    "userspace-userspace": ("10.98.0.7", "10.98.0.8"),
+#: node A's and node B's host numbers per pairing in the fabric's /24 (A < B). Each pairing has its own
+#: addresses: the kernel keeps an RDS connection (and redials it after a drop) when the sockets and even the
+#: peer are gone, so an address the kernel used in one pairing would still be its own in the next
+HOSTS = {
+    "kernel-kernel": (1, 2),
+    "userspace-kernel": (3, 4),
+    "kernel-userspace": (5, 6),
+    "userspace-userspace": (7, 8),
 }
+#: the fabric's /24 is 10.98.N.0/24 for the first N no connection the kernel still lists touches: the same
+#: reasoning across sessions (a second ``--rds-ib`` session in one boot), where the kernel still holds the
+#: first session's connections and would take the new userspace node's address for the old peer
+SUBNET_PREFIX = "10.98"
 NOT_COVERED = {
     "kernel-userspace": (
         "not covered on one machine: a kernel node dialling a userspace node over RDS/IB reaches rdma_cm "
@@ -99,6 +103,44 @@ def kernel_ib_connections() -> int:
         return len(s.get_info(InfoType.RDS6_INFO_IB_CONNECTIONS))
     finally:
         s.close()
+
+
+def kernel_rds_addresses() -> set[str]:
+    """Every IPv4 address on either end of a connection the kernel lists (RDS_INFO_CONNECTIONS and
+    RDS6_INFO_CONNECTIONS, v4-mapped ones as IPv4), TCP, IB and loop alike; empty without AF_RDS."""
+    import pyrds
+
+    try:
+        s = pyrds.socket("kernel")
+    except OSError:
+        return set()
+    found: set[str] = set()
+    try:
+        for table in (InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS6_INFO_CONNECTIONS):
+            with contextlib.suppress(OSError):
+                for rec in s.get_info(table):
+                    for a in (rec.laddr, rec.faddr):
+                        ip = ipaddress.ip_address(a)
+                        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+                            ip = ip.ipv4_mapped
+                        if isinstance(ip, ipaddress.IPv4Address):
+                            found.add(str(ip))
+    finally:
+        s.close()
+    return found
+
+
+def pick_subnet(used: Iterable[str]) -> int:
+    """The first N in 0..255 such that no address of ``used`` is in ``SUBNET_PREFIX.N.0/24``."""
+    taken = set()
+    for a in used:
+        parts = a.split(".")
+        if len(parts) == 4 and ".".join(parts[:2]) == SUBNET_PREFIX:
+            taken.add(int(parts[2]))
+    for n in range(256):
+        if n not in taken:
+            return n
+    raise IbSetupError(f"every {SUBNET_PREFIX}.N.0/24 has an address the kernel still has a connection of")
 
 
 def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -140,16 +182,22 @@ class IbFabric:
     """The dummy netdev with both node addresses and its rxe device; socket buffer limits raised to
     :data:`SOCK_BUF` (restored by :meth:`destroy`). Build with :meth:`create`, always :meth:`destroy`."""
 
-    def __init__(self) -> None:
+    def __init__(self, subnet: int = 0) -> None:
         self.saved: dict[str, str] = {}
+        self.subnet = subnet
+
+    def addrs(self, pair: str) -> tuple[str, str]:
+        """Node A's and node B's addresses of ``pair`` on this fabric."""
+        a, b = HOSTS[pair]
+        return (f"{SUBNET_PREFIX}.{self.subnet}.{a}", f"{SUBNET_PREFIX}.{self.subnet}.{b}")
 
     @classmethod
     def create(cls, timeout: float = 60.0) -> IbFabric:
-        fabric = cls()
+        fabric = cls(pick_subnet(kernel_rds_addresses()))
         try:
             _sh("modprobe", "dummy", check=False)  # autoloaded by `ip link add` too; absent: that fails
             _sh("ip", "link", "add", NETDEV, "type", "dummy")
-            every = [addr for pair in PAIRS if pair not in NOT_COVERED for addr in ADDRS[pair]]
+            every = [addr for pair in PAIRS if pair not in NOT_COVERED for addr in fabric.addrs(pair)]
             for addr in every:
                 _sh("ip", "addr", "add", f"{addr}/24", "dev", NETDEV)
             _sh("ip", "link", "set", NETDEV, "up")
@@ -297,7 +345,7 @@ class IbPair:
         return f"{self.a.backend}-{self.b.backend}"
 
     @classmethod
-    def create(cls, pair: str) -> IbPair:
+    def create(cls, pair: str, fabric: IbFabric) -> IbPair:
         """Start both agents (userspace: with a stack of its own) and bring the A->B connection up with a
         message each way. ``pair`` must be one of :data:`PAIRS` outside :data:`NOT_COVERED`."""
         if pair not in PAIRS or pair in NOT_COVERED:
@@ -319,7 +367,7 @@ class IbPair:
         try:
             tag = uuid.uuid4().hex[:8]
             specs: list[tuple[str, str, str, dict[str, str]]] = []
-            for name, backend, addr in zip("AB", backends, ADDRS[pair], strict=True):
+            for name, backend, addr in zip("AB", backends, fabric.addrs(pair), strict=True):
                 env: dict[str, str] = {}
                 if backend == "userspace":
                     stack = f"pyrds-ib-{name}-{tag}"

@@ -453,7 +453,7 @@ def _rds_ib_topology(request: pytest.FixtureRequest) -> Iterator[Any]:
         request.config._pyrds_ib_fabric = fabric  # type: ignore[attr-defined]
         request.config.add_cleanup(fabric.destroy)
     try:
-        nodes = ib.IbPair.create(pair)
+        nodes = ib.IbPair.create(pair, fabric)
     except ib.UnsafeUnload as exc:
         pytest.skip(str(exc))
     yield nodes

@@ -13,6 +13,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pyrds.testing import ib, plugin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,8 +79,21 @@ def test_the_ib_phase_runs_only_ib_scenarios_with_pairing_labels(tmp_path: Path)
 
 def test_pairings_agree_between_plugin_and_topology() -> None:
     assert ib.PAIRS == plugin.IB_PAIRS
-    assert set(ib.NOT_COVERED) | set(ib.ADDRS) <= set(plugin.IB_PAIRS)
+    assert set(ib.NOT_COVERED) | set(ib.HOSTS) <= set(plugin.IB_PAIRS)
     hosted = [p for p in plugin.IB_PAIRS if p not in ib.NOT_COVERED]
-    addrs = [a for p in hosted for a in ib.ADDRS[p]]
+    fabric = ib.IbFabric(subnet=3)
+    addrs = [a for p in hosted for a in fabric.addrs(p)]
     assert len(set(addrs)) == len(addrs) == 2 * len(hosted)  # every pairing has addresses of its own
-    assert all(ib.ADDRS[p][0] < ib.ADDRS[p][1] for p in hosted)  # node A has the smaller address
+    assert all(a.startswith("10.98.3.") for a in addrs)
+    assert all(ib.HOSTS[p][0] < ib.HOSTS[p][1] for p in hosted)  # node A has the smaller address
+
+
+def test_the_fabric_avoids_every_subnet_the_kernel_still_has_connections_in() -> None:
+    # a second IB session in one boot: the kernel still lists the first session's connections (10.98.0.x),
+    # and would take a new userspace node on one of those addresses for the peer it keeps redialling
+    assert ib.pick_subnet([]) == 0
+    assert ib.pick_subnet(["10.98.0.4", "10.98.0.3", "192.168.1.1"]) == 1
+    assert ib.pick_subnet(["10.98.0.1", "10.98.1.2", "10.98.3.7"]) == 2
+    assert ib.pick_subnet(["10.99.0.1", "::1"]) == 0
+    with pytest.raises(ib.IbSetupError):
+        ib.pick_subnet([f"10.98.{n}.1" for n in range(256)])
