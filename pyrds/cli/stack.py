@@ -14,7 +14,6 @@ import argparse
 import errno
 import json
 import os
-import socket
 import sys
 import time
 from typing import Any
@@ -23,7 +22,8 @@ from pyrds.api import os_error
 from pyrds.cli.common import UserError, describe_oserror
 from pyrds.userspace import rpc
 from pyrds.userspace.client.autostart import spawn_service, start_timeout
-from pyrds.userspace.config import peer_cred, private_stack_name, stack_address, stack_name
+from pyrds.userspace.client.control import WrongServer, stack_request
+from pyrds.userspace.config import private_stack_name, stack_name
 
 NOT_RUNNING = 3  # systemctl status: "program is not running"
 STOP_TIMEOUT = 10.0
@@ -58,23 +58,10 @@ def _candidates() -> list[tuple[str, int]]:
 def _call(name: str, server_uid: int, op: rpc.Op) -> Any:
     """One control operation on the service listening on ``name``; None when none listens there or it is
     not served by ``server_uid`` (never talk to a squatter); OSError with the service's errno."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        s.settimeout(10.0)
-        try:
-            s.connect(stack_address(name))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return None
-        if peer_cred(s).uid != server_uid:
-            return None
-        rpc.send_record(s, rpc.encode((int(op), ())))
-        raw, _fds = rpc.recv_record(s)
-    finally:
-        s.close()
-    code, result = rpc.decode(raw)
-    if code:
-        raise os_error(code, f"pyrds stack {name!r}")
-    return result
+        return stack_request(name, server_uid, op)
+    except WrongServer:
+        return None
 
 
 def _status(name: str, server_uid: int) -> dict[str, Any] | None:

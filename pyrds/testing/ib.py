@@ -235,26 +235,12 @@ class IbFabric:
 def _stack_call(name: str, op: int) -> Any:
     """One control request to the stack service serving ``name`` (root's, as this process is root); None
     when nothing serves it."""
-    from pyrds.userspace import rpc
-    from pyrds.userspace.config import peer_cred, stack_address
+    from pyrds.userspace.client.control import WrongServer, stack_request
 
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        s.settimeout(10.0)
-        try:
-            s.connect(stack_address(name))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return None
-        if peer_cred(s).uid != 0:
-            raise IbSetupError(f"pyrds stack {name!r} is not served by root: not touched")
-        rpc.send_record(s, rpc.encode((op, ())))
-        raw, _fds = rpc.recv_record(s)
-    finally:
-        s.close()
-    code, result = rpc.decode(raw)
-    if code:
-        raise OSError(code, f"pyrds stack {name!r}: {os.strerror(code)}")
-    return result
+        return stack_request(name, 0, op)
+    except WrongServer as exc:
+        raise IbSetupError(f"{exc}, not root: not touched") from exc
 
 
 def stop_stack(name: str) -> None:

@@ -132,19 +132,20 @@ def test_start_status_stop(ns: str) -> None:
 @pytest.mark.netns
 def test_start_keeps_a_stack_a_client_started(ns: str) -> None:
     """``start`` finding an autostarted stack (idle exit on) turns its idle exit off instead of reporting a
-    stack that is about to go away."""
-    used = _run(ns, ["-c", SOCKET_USER], env=_env(idle_exit=4 * IDLE_EXIT))  # lingers 4 s after its socket
+    stack that is about to go away. The autostarted stack lingers 60 s after its last socket, so a loaded
+    machine cannot make it exit before ``start`` asks (with 4 s it once did); the status then says never."""
+    linger = 60.0
+    used = _run(ns, ["-c", SOCKET_USER], env=_env(idle_exit=linger))
     assert used.returncode == 0, used.stderr
     pid = json.loads(used.stdout)["pid"]
     code, st = _status(ns)
-    assert code == 0 and st["stacks"][0]["pid"] == pid and st["stacks"][0]["idle_exit"] == 4 * IDLE_EXIT
+    assert code == 0 and st["stacks"][0]["pid"] == pid and st["stacks"][0]["idle_exit"] == linger
 
     kept = _run(ns, [*CLI, "start"])
     assert kept.returncode == 0 and kept.stdout.startswith("already running: "), kept
     assert f"pid {pid}," in kept.stdout and "idle exit never" in kept.stdout
-    time.sleep(IDLE_EXIT * 6)
     code, st = _status(ns)
-    assert code == 0 and st["stacks"][0]["pid"] == pid
+    assert code == 0 and st["stacks"][0]["pid"] == pid and st["stacks"][0]["idle_exit"] < 0
     assert _run(ns, [*CLI, "stop"]).returncode == 0
 
 
