@@ -13,9 +13,12 @@ names) but can be read with :func:`pyrds.userspace.control.stack_counters` (the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
+
+from pyrds.userspace.proto.events import DuplicateDropped, PingReceived
 
 __all__ = [
+    "count_receive_event",
     "EXTRA_NAMES",
     "IB_NAMES",
     "INFO_NAMES",
@@ -154,3 +157,15 @@ def info_counters(counters: dict[str, int], ib: Mapping[str, int] | None = None)
     core = [(name, counters.get(name, 0) + ib.get(name, 0)) for name in KERNEL_NAMES]
     ib_rows = [(name, ib.get(name, 0)) for name in IB_NAMES]
     return [*core, *ib_rows, *((name, counters.get(name, 0)) for name in TCP_NAMES)]
+
+
+def count_receive_event(counters: MutableMapping[str, int], event: PingReceived | DuplicateDropped) -> None:
+    """What the kernel's receive path (``rds_recv_incoming``) counts for a ping to port 0 (recv_ping, and
+    send_pong or, when the pong could not be queued, nothing sent) and for a message already received
+    (recv_drop_old_seq): the same for every transport, so counted here once."""
+    if isinstance(event, PingReceived):
+        counters["recv_ping"] += 1
+        counters["send_pong"] += int(event.pong_queued)
+        counters["pong_dropped"] += int(not event.pong_queued)
+    else:
+        counters["recv_drop_old_seq"] += 1

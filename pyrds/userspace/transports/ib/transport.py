@@ -40,6 +40,7 @@ from pyrds.userspace.proto import (
     PongReceived,
     SendQueueFull,
 )
+from pyrds.userspace.stack.counters import count_receive_event
 from pyrds.userspace.stack.ports import is_loopback, normalize
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
 from pyrds.userspace.stack.transport import (
@@ -191,12 +192,8 @@ class IbTransport:
                         host.counters["ib_recv_over_cap"] += 1
                 case CongMapReceived(map=cmap):
                     host.peer_cong_map(peer, cmap)
-                case PingReceived(pong_queued=pong_queued):
-                    host.counters["recv_ping"] += 1
-                    host.counters["send_pong"] += int(pong_queued)
-                    host.counters["pong_dropped"] += int(not pong_queued)
-                case DuplicateDropped():
-                    host.counters["recv_drop_old_seq"] += 1
+                case PingReceived() | DuplicateDropped():
+                    count_receive_event(host.counters, ev)
                 case PeerGenChanged(flushed=flushed):
                     self._release(laddr, peer, (m.seq for m in flushed))
                 case NpathsNegotiated() | PongReceived() | CongMapDropped():

@@ -32,6 +32,7 @@ from pyrds.userspace.proto.events import (
 )
 from pyrds.userspace.proto.path import PathEngine, PathState
 from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, Lane
+from pyrds.userspace.stack.counters import count_receive_event
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
 from pyrds.userspace.stack.transport import EventLoop, StackHost
 from pyrds.userspace.transports.tcp.sockopt import (
@@ -626,19 +627,13 @@ class TcpPath:
                     # left the receive queue empty after TCP_QUICKACK); else served by request, as before
                     pushable=self._read_acked,
                 )
-                room = host.deliver(
-                    inc
-                )
+                room = host.deliver(inc)
                 if not room:
                     self._full.append((self.conn.laddr, h.dport))
             case CongMapReceived(map=cmap):
                 host.peer_cong_map(self.conn.faddr, cmap)
-            case PingReceived(pong_queued=pong_queued):
-                host.counters["recv_ping"] += 1
-                host.counters["send_pong"] += int(pong_queued)
-                host.counters["pong_dropped"] += int(not pong_queued)
-            case DuplicateDropped():
-                host.counters["recv_drop_old_seq"] += 1
+            case PingReceived() | DuplicateDropped():
+                count_receive_event(host.counters, ev)
             case NpathsNegotiated(npaths=npaths, sport_idx=sport_idx):
                 self.conn.negotiated(npaths, sport_idx)
             case PeerGenChanged(flushed=flushed):
