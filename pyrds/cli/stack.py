@@ -22,7 +22,7 @@ from pyrds.api import os_error
 from pyrds.cli.common import UserError, describe_oserror
 from pyrds.userspace import rpc
 from pyrds.userspace.client.autostart import spawn_service, start_timeout
-from pyrds.userspace.client.control import WrongServer, stack_request
+from pyrds.userspace.client.stackctl import WrongServer, stack_request
 from pyrds.userspace.config import private_stack_name, stack_name
 
 NOT_RUNNING = 3  # systemctl status: "program is not running"

@@ -235,7 +235,7 @@ class IbFabric:
 def _stack_call(name: str, op: int) -> Any:
     """One control request to the stack service serving ``name`` (root's, as this process is root); None
     when nothing serves it."""
-    from pyrds.userspace.client.control import WrongServer, stack_request
+    from pyrds.userspace.client.stackctl import WrongServer, stack_request
 
     try:
         return stack_request(name, 0, op)

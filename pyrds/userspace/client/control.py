@@ -4,14 +4,12 @@
 reconnect_max_delay_ms, ...) and /proc/sys/net/rds/tcp (rds_tcp_sndbuf, rds_tcp_rcvbuf). ``force_reconnect()``
 is the equivalent of rewriting net.rds.tcp.rds_tcp_sndbuf: every RDS/TCP connection is dropped, the owners
 reconnect and retransmit what was not acked. ``stack_counters(sock)`` reads every counter of the stack serving
-``sock``, the userspace-only ones included. ``stack_request(name, server_uid, op)`` asks one named stack
-service, and only if ``server_uid`` serves it (``pyrds stack``, the test harness stopping its stacks).
+``sock``, the userspace-only ones included.
 """
 
 from __future__ import annotations
 
 import errno
-import socket
 from typing import Any
 
 from pyrds import info
@@ -19,42 +17,8 @@ from pyrds.api import os_error
 from pyrds.constants import PYRDS_INFO_STACK_COUNTERS, SOL_RDS, InfoType
 from pyrds.userspace import rpc
 from pyrds.userspace.client.autostart import connect_stack
-from pyrds.userspace.config import peer_cred, stack_address
 
-__all__ = ["WrongServer", "force_reconnect", "stack_counters", "stack_request", "sysctl_get", "sysctl_set"]
-
-
-class WrongServer(Exception):
-    """The named stack address is held by a process of another uid than the one that must serve it (a
-    squatter, or another user's stack): nothing was sent to it."""
-
-    def __init__(self, name: str, uid: int) -> None:
-        super().__init__(f"pyrds stack {name!r} is served by uid {uid}")
-        self.uid = uid
-
-
-def stack_request(name: str, server_uid: int, op: int, args: Any = (), timeout: float = 10.0) -> Any:
-    """One control operation on the stack service listening on ``name``, never autostarting one: its
-    result; None when nothing listens there; :class:`WrongServer` when ``server_uid`` does not serve it
-    (never talk to a squatter); OSError with the service's errno."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        s.settimeout(timeout)
-        try:
-            s.connect(stack_address(name))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return None
-        uid = peer_cred(s).uid
-        if uid != server_uid:
-            raise WrongServer(name, uid)
-        rpc.send_record(s, rpc.encode((int(op), args)))
-        raw, _fds = rpc.recv_record(s)
-    finally:
-        s.close()
-    code, result = rpc.decode(raw)
-    if code:
-        raise os_error(code, f"pyrds stack {name!r}")
-    return result
+__all__ = ["force_reconnect", "stack_counters", "sysctl_get", "sysctl_set"]
 
 
 def _call(op: int, args: Any) -> Any:

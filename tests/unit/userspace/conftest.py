@@ -19,6 +19,27 @@ def isolated_stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("PYRDS_TCP_PORT", str(20000 + int(name[-4:], 16) % 20000))
     monkeypatch.setenv("PYRDS_IDLE_EXIT", "1")
     yield name
+    _no_immortal_stack(name)
+
+
+def _no_immortal_stack(name: str) -> None:
+    """Fail the test (and stop the stack) when it left this namespace's test stack with its idle exit turned
+    off: nothing would ever stop that service (seen: hours-old pyrds-test-* services after host runs)."""
+    from pyrds.userspace import rpc
+    from pyrds.userspace.client.stackctl import WrongServer, stack_request
+
+    try:
+        status = stack_request(name, os.geteuid(), rpc.Op.STATUS, timeout=5.0)
+    except (OSError, EOFError, WrongServer):
+        return
+    if not isinstance(status, dict) or status.get("idle_exit", 0) >= 0:
+        return
+    try:
+        stack_request(name, os.geteuid(), rpc.Op.STOP, timeout=5.0)
+    except (OSError, EOFError, WrongServer):
+        pass
+    pid = status.get("pid")
+    pytest.fail(f"the test left stack {name!r} (pid {pid}) serving with no idle exit; stopped it")
 
 
 @pytest.fixture

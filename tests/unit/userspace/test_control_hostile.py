@@ -149,6 +149,20 @@ def test_the_record_that_crashed_the_service_drops_only_its_connection() -> None
         b.close()
 
 
+#: operations a root client may legitimately send that change the service's lifetime (STOP ends it,
+#: NO_IDLE_EXIT makes it run forever: a byte flip of a valid record once made it, and the test's stack then
+#: outlived the test run); the fuzzer leaves them out
+LIFETIME_OPS = frozenset({int(rpc.Op.STOP), int(rpc.Op.NO_IDLE_EXIT)})
+
+
+def _changes_lifetime(record: bytes) -> bool:
+    try:
+        request = rpc.decode(record)
+    except Exception:  # noqa: BLE001 - anything the service drops
+        return False
+    return isinstance(request, tuple) and len(request) > 0 and request[0] in LIFETIME_OPS
+
+
 def test_fuzzed_control_records_against_a_live_service() -> None:
     """Random and mutated records (valid requests with bytes flipped, inserted or cut, plus garbage) over
     fresh control connections: each gets an errno reply or a dropped connection, and a bound pair of sockets
@@ -186,6 +200,8 @@ def test_fuzzed_control_records_against_a_live_service() -> None:
                 else:
                     at = rng.randrange(len(base) + 1)
                     rec = bytes(base[:at]) + struct.pack("<I", rng.getrandbits(32)) + bytes(base[at:])
+                if _changes_lifetime(rec):
+                    continue
                 sent += 1
                 if _exchange(raw, rec) is None:
                     drops += 1
@@ -200,4 +216,4 @@ def test_fuzzed_control_records_against_a_live_service() -> None:
         a.close()
         b.close()
     print(f"control fuzz: {sent} records, {replies} answered, {drops} connections dropped, service alive")
-    assert sent == 5000 and replies + drops == sent
+    assert sent > 4900 and replies + drops == sent
