@@ -21,17 +21,19 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
 from pyrds.addr import IPAddress
-from pyrds.constants import InfoConnectionFlag
+from pyrds.constants import ExtHeaderType, InfoConnectionFlag
 from pyrds.constants import Transport as TransportType
 from pyrds.userspace.proto import (
     CongMapDropped,
     CongMapReceived,
     DuplicateDropped,
+    ExtHeader,
     MessageReceived,
     NpathsNegotiated,
     PathState,
@@ -40,6 +42,7 @@ from pyrds.userspace.proto import (
     PongReceived,
     SendQueueFull,
 )
+from pyrds.userspace.stack.errors import StackError
 from pyrds.userspace.stack.ports import is_loopback, normalize
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
 from pyrds.userspace.stack.transport import (
@@ -51,9 +54,9 @@ from pyrds.userspace.stack.transport import (
     TcpSocketRow,
 )
 from pyrds.userspace.transports.ib.driver import ConnState, FdLoop
-from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked
+from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked, RdmaCompleted
 from pyrds.userspace.transports.ib.node import IbNode
-from pyrds.userspace.transports.ib.verbs import Verbs, VerbsError
+from pyrds.userspace.transports.ib.verbs import MemoryRegion, Verbs, VerbsError
 from pyrds.userspace.transports.ib.wire import RDS_IB_PORT
 
 __all__ = ["IbTransport"]
@@ -71,6 +74,17 @@ RDS_IB_MAX_SGE = 8
 _NO_GID = bytes(16)
 
 Key = tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]
+
+
+def _rdma_exthdrs(inc: Incoming, exthdrs: Iterable[ExtHeader]) -> None:
+    """``rds_recv_incoming_exthdrs``: RDS_EXTHDR_RDMA (the receiver's MR an op used) and
+    RDS_EXTHDR_RDMA_DEST (a cookie for the receiver's recvmsg)."""
+    for ext in exthdrs:
+        if ext.type == ExtHeaderType.RDMA:
+            inc.rdma_key = struct.unpack(">I", ext.body)[0]
+        elif ext.type == ExtHeaderType.RDMA_DEST:
+            key, offset = struct.unpack(">II", ext.body)
+            inc.rdma_cookie = key << 32 | offset
 
 
 def _v4(ip: IPAddress) -> ipaddress.IPv4Address | None:
@@ -187,8 +201,12 @@ class IbTransport:
                     inc = Incoming(
                         peer, laddr, h.sport, h.dport, payload, h.sequence, 0, lat=(now, now, now, 0)
                     )
+                    if h.exthdr:
+                        _rdma_exthdrs(inc, h.exthdr)
                     if not host.deliver(inc):
                         host.counters["ib_recv_over_cap"] += 1
+                case RdmaCompleted(op=op, status=status, data=data):
+                    host.rdma_complete(op, status, data)
                 case CongMapReceived(map=cmap):
                     host.peer_cong_map(peer, cmap)
                 case PingReceived(pong_queued=pong_queued):
@@ -222,9 +240,14 @@ class IbTransport:
         node = self.nodes.get(laddr)
         if node is None:
             raise OSError(errno.EADDRNOTAVAIL, f"RDS/IB: {laddr} has no RDMA device")
+        exthdr: list[ExtHeader] = []
+        if msg.rdma is not None:  # rds_ib_xmit: the r_key of the op goes with the message
+            exthdr.append(ExtHeader.rdma(msg.rdma.rkey))
+        if msg.rdma_cookie:
+            exthdr.append(ExtHeader.rdma_dest(msg.rdma_cookie >> 32, msg.rdma_cookie & 0xFFFFFFFF))
         try:
             engine = node.engine(faddr)
-            seq = engine.queue(msg.sport, msg.dport, msg.payload)
+            seq = engine.queue(msg.sport, msg.dport, msg.payload, exthdr=exthdr, rdma=msg.rdma)
         except (ValueError, SendQueueFull) as exc:
             raise OSError(errno.ENOBUFS, f"RDS/IB: {exc}") from exc
         msg.seq = seq
@@ -234,6 +257,24 @@ class IbTransport:
             self._corked[(laddr, faddr)] = None
         else:
             node.connect(faddr)
+
+    def get_mr(self, laddr: IPAddress, faddr: IPAddress, length: int) -> MemoryRegion:
+        """``rds_ib_get_mr`` for a message to ``faddr``: ``length`` bytes registered for remote access on
+        that connection's queue pair (the kernel posts its FRWR registration there). No connection up:
+        ENODEV in the kernel, which ``rds_cmsg_send`` returns as EAGAIN after starting the connection."""
+        v4l, v4f = _v4(laddr), _v4(faddr)
+        node = self.nodes.get(v4l) if v4l is not None else None
+        if node is None or v4f is None:
+            raise StackError(errno.ENODEV)
+        conn = node.conns.get(v4f)
+        if conn is None or conn.state != ConnState.UP or conn.qp is None:
+            node.connect(v4f)  # rds_conn_connect_if_down
+            raise StackError(errno.EAGAIN)
+        try:
+            return conn.qp.reg_mr(length, remote=True)
+        except VerbsError as exc:
+            log.warning("RDS/IB %s->%s: MR registration of %d bytes failed: %s", laddr, faddr, length, exc)
+            raise StackError(errno.ENOMEM) from exc
 
     def cork(self) -> None:
         self._corked = {}
