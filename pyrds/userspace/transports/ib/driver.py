@@ -446,6 +446,7 @@ class IbConnection:
                 slot = send_wr if wr.wr_id == ACK_WR_ID else wr.wr_id % send_wr
                 self.qp.post_send(slot, wr.wr_id, wr.data, wr.signaled, wr.solicited)
                 self.counters["ib_tx_wr"] += 1
+            self._report(self.engine.take_events())
         except VerbsError as exc:
             self._fail("post", exc)
 

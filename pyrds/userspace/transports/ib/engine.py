@@ -60,7 +60,7 @@ from pyrds.userspace.proto import (
     cong_map_header,
 )
 from pyrds.userspace.proto.header import checksum_ok
-from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked
+from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked, RdmaCompleted
 from pyrds.userspace.transports.ib.frag import SendWR, WrKind, ack_frame, fragments, sealed_header
 from pyrds.userspace.transports.ib.privdata import (
     REJ_CONSUMER_DATA,
@@ -176,6 +176,7 @@ class IbEngine:
         self._recv_posted = 0
         self._peer_ack_seq = 0  # from the REQ, applied when the passive side is established
         self._rdma: dict[int, Any] = {}  # sequence -> the RDMA op of that message, until it is acked
+        self._events: list[IbEvent] = []  # what poll_send decided besides work requests (take_events)
 
     # -- info ----------------------------------------------------------------------------------------------
     @property
@@ -390,7 +391,27 @@ class IbEngine:
         self.counters["ib_tx_rdma_wr"] += 1
         return SendWR(wr_id, WrKind.RDMA, b"", b"", True, False, tx.seq, 0, len(tx.frags), rdma=op)
 
+    def take_events(self) -> list[IbEvent]:
+        """Events of :meth:`poll_send`: retransmissions with an RDMA op dropped (released, and the op's
+        notification RDS_RDMA_DROPPED)."""
+        out, self._events = self._events, []
+        return out
+
+    def _drop_rdma_retransmissions(self) -> None:
+        """``rds_send_xmit``: "we never retransmit messages with RDMA ops" (an RDMA to a bad key moved the
+        whole QP to error; the kernel drops the message and reports RDS_RDMA_DROPPED)."""
+        while True:
+            seq = self.path.next_retransmission()
+            if not seq or seq not in self._rdma:
+                return
+            op = self._rdma.pop(seq)
+            self.counters["ib_rdma_retrans_dropped"] += 1
+            self._events.append(MessagesAcked((self.path.drop_next(),)))
+            self._events.append(RdmaCompleted(op, 3))  # RDS_RDMA_DROPPED
+
     def _next_tx(self) -> _Tx | None:
+        if self._rdma:
+            self._drop_rdma_retransmissions()
         if self.path.take_cong_map():
             header = dataclasses.replace(cong_map_header(), ack=self._piggyback())
             return _Tx(WrKind.CONG, 0, sealed_header(header), fragments(self.path.local_map.to_bytes()))

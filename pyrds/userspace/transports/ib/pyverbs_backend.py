@@ -21,7 +21,7 @@ Workarounds for pyverbs <= 56 (rds-ib-facts.md 5.1-5.5, read in rdma-core v44.0 
   FRWR MRs). A region for remote access is therefore registered through libibverbs with ctypes: the QP's PD
   is imported into a second context made on a dup of the context's command fd (``ibv_import_device``,
   ``ibv_import_pd`` of ``PD.handle``: the same kernel PD), and a buffer we mmap is registered there with
-  ``ibv_reg_mr_iova2(iova=0)``. The local bounce buffers of RDMA ops are ordinary pyverbs ``MR``\ s.
+  ``ibv_reg_mr_iova2(iova=0)``. The local bounce buffers of RDMA ops are ordinary pyverbs ``MR`` objects.
 - ``SendWR``/``RecvWR`` malloc their SGE array and never free it (the destructor is misspelt): every work
   request object is made once per queue pair and reused. A send WR's SGE list is pointed at a per-slot
   ``SGE`` (``wr.sg_list = sge``) whose ``length`` is set per post; these objects are never ``close()``d
