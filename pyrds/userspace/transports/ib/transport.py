@@ -358,7 +358,7 @@ class IbTransport:
         sl always; GIDs, ring sizes, max_send_sge (and, in the kernel, the MR pool and cache figures) only
         while the connection is UP, zero otherwise (the kernel leaves those fields unwritten then). Our
         choices where the kernel's figure does not exist here (docs/userspace.md): rdma_mr_max and
-        rdma_mr_size 0 (no MR pool: RDMA is not implemented), cache_allocs 0 (receive buffers are one
+        rdma_mr_size 0 (no MR pool: each MR is registered on its own), cache_allocs 0 (receive buffers are one
         registered region, never allocated from a cache), sl = tos & 0xF (``TOS_TO_SL``)."""
         rows: list[RdmaConnectionRow] = []
         for laddr, node in self.nodes.items():
