@@ -425,6 +425,9 @@ class Stack:
         try:
             n = mr.sync_from_device(self.memory_of(rs))
             self.counters["recv_rdma_bytes"] += n
+        except rdma.RegionGone:
+            rdma.drop_mr(rs.mrs, key)
+            return
         except StackError:
             self.counters["rdma_mr_writeback_failed"] += 1
         if mr.use_once:

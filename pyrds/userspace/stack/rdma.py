@@ -23,6 +23,7 @@ the client when a message carrying the RDMA extension header for its r_key arriv
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -80,6 +81,23 @@ class Region(Protocol):
 GetMr = Callable[[int], Region]
 
 
+class RegionGone(StackError):
+    """The transport's registration of an MR is gone (its connection's queue pair was destroyed: our MRs
+    live as long as the QP they were registered on); the MR is then forgotten, and naming it is EINVAL."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.EINVAL)
+
+
+def _region_io(fn: Callable[[], bytes | None]) -> bytes | None:
+    try:
+        return fn()
+    except StackError:
+        raise
+    except Exception as exc:  # the transport's error (VerbsError), or a closed buffer
+        raise RegionGone() from exc
+
+
 @dataclass(slots=True)
 class MemRegion:
     """``struct rds_mr``: one of a socket's MRs."""
@@ -97,12 +115,12 @@ class MemRegion:
     def sync_to_device(self, mem: ClientMemory) -> None:
         """The client's pages into the region (EFAULT if they are gone)."""
         data = mem.read(self.base, self.length)
-        self.region.write(0, data)
+        _region_io(lambda: self.region.write(0, data))
         self.shadow = data
 
     def sync_from_device(self, mem: ClientMemory) -> int:
         """What the peer changed in the region back into the client's pages; returns the bytes written."""
-        now = self.region.read(0, self.length)
+        now = _region_io(lambda: self.region.read(0, self.length)) or b""
         n = 0
         for start, end in changed_runs(self.shadow, now):
             mem.write(self.base + start, now[start:end])
@@ -222,8 +240,8 @@ def make_mr(
     data = mem.read(base, length)
     region = get_mr(length)
     try:
-        region.write(0, data)
-    except Exception:
+        _region_io(lambda: region.write(0, data))
+    except StackError:
         region.close()
         raise
     return MemRegion(
@@ -278,7 +296,11 @@ def cmsg_send(
                 mr = mrs.get(cookie >> 32)
                 if mr is None:
                     raise StackError(errno.EINVAL)
-                mr.sync_to_device(mem)
+                try:
+                    mr.sync_to_device(mem)
+                except RegionGone:
+                    drop_mr(mrs, mr.key)
+                    raise
             elif kind == CmsgType.RDS_CMSG_RDMA_MAP:
                 if len(data) < GET_MR_ARGS_SIZE or res.cookie:
                     raise StackError(errno.EINVAL)
@@ -345,7 +367,8 @@ def drop_mr(mrs: dict[int, MemRegion], key: int) -> MemRegion | None:
     """Forget MR ``key`` and release its registration (``rds_destroy_mr``)."""
     mr = mrs.pop(key, None)
     if mr is not None:
-        mr.region.close()
+        with contextlib.suppress(Exception):  # a registration its QP took along already
+            mr.region.close()
     return mr
 
 

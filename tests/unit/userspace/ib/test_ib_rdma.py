@@ -363,3 +363,13 @@ def test_engine_posts_the_rdma_wr_first_and_never_retransmits_it() -> None:
     assert events[0].messages[0].seq == seq2  # type: ignore[union-attr]
     assert events[1] == RdmaCompleted(op2, 3)
     assert link.b.regions[0x77][:4] == bytes(4)
+
+
+def test_an_mr_whose_registration_went_with_its_qp_is_forgotten() -> None:
+    r = Rdma()
+    baddr = page_buffer(r.keep)
+    cookie = r.map_on_b(baddr, 4096)
+    r.sb.mrs[cookie >> 32].region.closed = True  # as after the connection's QP was destroyed
+    e = errno_of(lambda: r.p.b.sendmsg(r.sb, b"d", [cmsg.rdma_dest(cookie)], 0, (ip(A), 4000), True))
+    assert e == errno.EINVAL
+    assert r.sb.mrs == {}
