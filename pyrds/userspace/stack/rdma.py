@@ -13,12 +13,13 @@ What a socket of RDS/IB may put in a sendmsg, checked in the kernel's order and 
 The registered memory is the transport's (:class:`Region`: a buffer the service owns, registered with the
 device); the client's memory is reached through :class:`~pyrds.userspace.stack.memory.ClientMemory`. An MR
 covers whole pages, as the kernel pins them: [addr & ~4095, round_up(addr + bytes)); the cookie is
-``r_key << 32 | addr & 4095`` and remote addresses are offsets into the registered pages (the kernel's FRWR
-MRs are zero-based). The region gets the client's pages when it is mapped and again whenever the socket
-names it in an RDMA_DEST (the kernel's ``sync_mr(DMA_TO_DEVICE)``); what the peer wrote into it goes back to
-the client when a message carrying the RDMA extension header for its r_key arrives
-(``rds_rdma_unuse`` -> ``sync_mr(DMA_FROM_DEVICE)``), only the bytes that differ from what the region held
-(:func:`changed_runs`), so the client's own writes elsewhere in those pages are kept.
+``r_key | (addr & 4095) << 32`` (``rds_rdma_make_cookie``: the r_key in the low half) and remote addresses
+are offsets into the registered pages (the kernel's FRWR MRs are zero-based). The region gets the client's
+pages when it is mapped and again whenever the socket names it in an RDMA_DEST (the kernel's
+``sync_mr(DMA_TO_DEVICE)``); what the peer wrote into it goes back to the client when a message carrying the
+RDMA extension header for its r_key arrives (``rds_rdma_unuse`` -> ``sync_mr(DMA_FROM_DEVICE)``), only the
+bytes that differ from what the region held (:func:`changed_runs`), so the client's own writes elsewhere in
+those pages are kept.
 """
 
 from __future__ import annotations
@@ -293,7 +294,7 @@ def cmsg_send(
                     raise StackError(errno.EINVAL)
                 (cookie,) = struct.unpack_from("=Q", data)
                 res.cookie = cookie
-                mr = mrs.get(cookie >> 32)
+                mr = mrs.get(cookie & 0xFFFFFFFF)
                 if mr is None:
                     raise StackError(errno.EINVAL)
                 try:
@@ -306,7 +307,7 @@ def cmsg_send(
                     raise StackError(errno.EINVAL)
                 addr, nbytes, cookie_addr, flags = struct.unpack_from("=QQQQ", data)
                 mr = make_mr(addr, nbytes, flags, mem, get_mr, mrs)
-                cookie = mr.key << 32 | (addr & (PAGE - 1))
+                cookie = mr.key | (addr & (PAGE - 1)) << 32
                 res.cookie = cookie
                 if cookie_addr:
                     try:
@@ -349,8 +350,8 @@ def _rdma_op(
         raise StackError(errno.EINVAL)
     return RdmaOp(
         write=write,
-        rkey=cookie >> 32,
-        remote_addr=(raddr + (cookie & 0xFFFFFFFF)) & _U64,
+        rkey=cookie & 0xFFFFFFFF,
+        remote_addr=(raddr + (cookie >> 32)) & _U64,
         nbytes=nbytes,
         local=list(vecs),
         data=b"".join(chunks) if write else b"",

@@ -125,7 +125,7 @@ def setsockopt(
             if rs.transport != Transport.IB or stack.transport_of(Transport.IB) is None:
                 raise StackError(errno.EINVAL)
             return
-        if rdma.drop_mr(rs.mrs, cookie >> 32) is None:
+        if rdma.drop_mr(rs.mrs, cookie & 0xFFFFFFFF) is None:
             raise StackError(errno.EINVAL)
     elif optname == SockOpt.RDS_RECVERR:
         rs.recverr = bool(_int(value))

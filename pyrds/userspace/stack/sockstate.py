@@ -68,7 +68,7 @@ class Incoming:
     pushable: bool = True
     #: RDS_EXTHDR_RDMA: the r_key of the receiver's MR an RDMA op of this message used (``rds_rdma_unuse``)
     rdma_key: int | None = None
-    #: RDS_EXTHDR_RDMA_DEST as a cookie (r_key << 32 | offset): recvmsg gives it as RDS_CMSG_RDMA_DEST
+    #: RDS_EXTHDR_RDMA_DEST as a cookie (r_key | offset << 32): recvmsg gives it as RDS_CMSG_RDMA_DEST
     rdma_cookie: int = 0
 
 

@@ -84,7 +84,7 @@ def _rdma_exthdrs(inc: Incoming, exthdrs: Iterable[ExtHeader]) -> None:
             inc.rdma_key = struct.unpack(">I", ext.body)[0]
         elif ext.type == ExtHeaderType.RDMA_DEST:
             key, offset = struct.unpack(">II", ext.body)
-            inc.rdma_cookie = key << 32 | offset
+            inc.rdma_cookie = key | offset << 32  # rds_rdma_make_cookie
 
 
 def _v4(ip: IPAddress) -> ipaddress.IPv4Address | None:
@@ -244,7 +244,7 @@ class IbTransport:
         if msg.rdma is not None:  # rds_ib_xmit: the r_key of the op goes with the message
             exthdr.append(ExtHeader.rdma(msg.rdma.rkey))
         if msg.rdma_cookie:
-            exthdr.append(ExtHeader.rdma_dest(msg.rdma_cookie >> 32, msg.rdma_cookie & 0xFFFFFFFF))
+            exthdr.append(ExtHeader.rdma_dest(msg.rdma_cookie & 0xFFFFFFFF, msg.rdma_cookie >> 32))
         try:
             engine = node.engine(faddr)
             seq = engine.queue(msg.sport, msg.dport, msg.payload, exthdr=exthdr, rdma=msg.rdma)

@@ -135,7 +135,7 @@ def map_from(owner: Any, peer: Any, peer_addr: tuple[str, int], addr: int, size:
         data == b"map" and cookie.value != 0 and anc == [cmsg.RdmaDest(cookie.value)],
         f"RDMA_MAP: cookie {cookie.value:#x} at the cookie address, peer got {anc}",
     )
-    check(cookie.value & 0xFFFFFFFF == addr & 4095, "cookie offset = addr & 4095")
+    check(cookie.value >> 32 == addr & 4095, "cookie offset = addr & 4095")
     return cookie.value
 
 

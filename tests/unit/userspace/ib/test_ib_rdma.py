@@ -77,7 +77,7 @@ class Rdma:
         assert data == b"map"
         assert cookie.value != 0
         assert anc == [cmsg.RdmaDest(cookie.value)]
-        assert cookie.value & 0xFFFFFFFF == addr & 4095
+        assert cookie.value >> 32 == addr & 4095
         return cookie.value
 
     def notification(self) -> list[Any]:
@@ -91,7 +91,7 @@ def test_map_write_then_read_with_notifications() -> None:
     baddr = page_buffer(r.keep)
     aaddr = page_buffer(r.keep)
     cookie = r.map_on_b(baddr, 4096)
-    assert (cookie >> 32) in r.sb.mrs
+    assert uapi.rdma_cookie_key(cookie) in r.sb.mrs
     ctypes.memmove(aaddr, b"W" * 4096, 4096)
     args = cmsg.rdma_args(cookie, 0, 4096, iov(r.keep, (aaddr, 4096)), 1, RW | NOTIFY, 77)
     assert r.send(r.sa, b"wrote", [args]) == 5
@@ -126,8 +126,8 @@ def test_unaligned_map_cookie_offset_and_only_the_peers_bytes_go_back() -> None:
     base = page_buffer(r.keep)
     ctypes.memmove(base, b"a" * 8192, 8192)
     cookie = r.map_on_b(base + 100, 200)  # one page registered, the cookie's offset 100
-    assert cookie & 0xFFFFFFFF == 100
-    mr = r.sb.mrs[cookie >> 32]
+    assert cookie >> 32 == 100
+    mr = r.sb.mrs[uapi.rdma_cookie_key(cookie)]
     assert (mr.base, mr.length) == (base, 4096)
     aaddr = page_buffer(r.keep)
     ctypes.memmove(aaddr, b"x" * 10, 10)
@@ -151,15 +151,17 @@ def test_the_rdma_wr_goes_before_the_message_with_both_extension_headers() -> No
     rdma_wr = qp.rdma_posted[-1]
     first_send = next(s for s in qp.sent if s[2][48:] == b"x")
     assert rdma_wr[0] < first_send[1]  # posted first: the data is there when the message is delivered
-    assert rdma_wr[1:] == (True, 8, cookie >> 32, 0)
+    assert rdma_wr[1:] == (True, 8, uapi.rdma_cookie_key(cookie), 0)
     h = RDSHeader.decode(first_send[2][:48])
-    assert [(e.type, e.body) for e in h.exthdr] == [(ExtHeaderType.RDMA, struct.pack(">I", cookie >> 32))]
+    assert [(e.type, e.body) for e in h.exthdr] == [
+        (ExtHeaderType.RDMA, struct.pack(">I", uapi.rdma_cookie_key(cookie)))
+    ]
     # a message with RDMA_DEST carries RDS_EXTHDR_RDMA_DEST (r_key, offset)
     qpb = next(q for q in r.p.fabric.qps if q.src == B and not q.closed)
     qpb.sent.clear()
     r.send(r.sb, b"d", [cmsg.rdma_dest(cookie)])
     h = RDSHeader.decode(next(s for s in qpb.sent if s[2][48:] == b"d")[2][:48])
-    body = struct.pack(">II", cookie >> 32, cookie & 0xFFFFFFFF)
+    body = struct.pack(">II", uapi.rdma_cookie_key(cookie), cookie >> 32)
     assert [(e.type, e.body) for e in h.exthdr] == [(ExtHeaderType.RDMA_DEST, body)]
 
 
@@ -185,15 +187,15 @@ def test_use_once_and_free_mr() -> None:
     # a plain MR: freed by RDS_FREE_MR once, then unknown; its registration is gone
     cookie = r.map_on_b(baddr, 4096)
     qpb = next(q for q in r.p.fabric.qps if q.src == B and not q.closed)
-    assert cookie >> 32 in qpb.regions
+    assert uapi.rdma_cookie_key(cookie) in qpb.regions
     free.cookie, free.flags = cookie, RdmaFlag.INVALIDATE
     setsockopt(r.p.b, r.sb, SOL_RDS, SockOpt.RDS_FREE_MR, uapi.to_bytes(free))
-    assert cookie >> 32 not in qpb.regions
+    assert uapi.rdma_cookie_key(cookie) not in qpb.regions
     assert errno_of(lambda: setsockopt(r.p.b, r.sb, SOL_RDS, SockOpt.RDS_FREE_MR, uapi.to_bytes(free))) == 22
     # close drops the socket's MRs (rds_rdma_drop_keys)
     cookie = r.map_on_b(baddr, 4096)
     r.p.b.close(r.sb)
-    assert cookie >> 32 not in qpb.regions
+    assert uapi.rdma_cookie_key(cookie) not in qpb.regions
 
 
 def test_a_bad_r_key_is_a_remote_error_notification() -> None:
@@ -369,7 +371,7 @@ def test_an_mr_whose_registration_went_with_its_qp_is_forgotten() -> None:
     r = Rdma()
     baddr = page_buffer(r.keep)
     cookie = r.map_on_b(baddr, 4096)
-    r.sb.mrs[cookie >> 32].region.closed = True  # as after the connection's QP was destroyed
+    r.sb.mrs[uapi.rdma_cookie_key(cookie)].region.closed = True  # as after the connection's QP was destroyed
     e = errno_of(lambda: r.p.b.sendmsg(r.sb, b"d", [cmsg.rdma_dest(cookie)], 0, (ip(A), 4000), True))
     assert e == errno.EINVAL
     assert r.sb.mrs == {}
