@@ -2,7 +2,7 @@
 module: run it in a QEMU guest)::
 
     python -m vm run --kernel 7.3 --cpus 1 --timeout 1800 \\
-        --modules rds,rds_rdma,rdma_rxe,ib_uverbs,rdma_ucm,dummy \\
+        --modules rds,rdma_rxe,ib_uverbs,rdma_ucm,dummy \\
         -- python tests/unit/userspace/ib/guest_rdma_ib.py
 
 One dummy netdev holds the addresses and one rxe device (guest_socket_ib.py explains why).
