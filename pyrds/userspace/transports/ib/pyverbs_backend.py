@@ -18,10 +18,13 @@ Workarounds for pyverbs <= 56 (rds-ib-facts.md 5.1-5.5, read in rdma-core v44.0 
 - ``CompChannel.get_cq_event`` raises (and leaves the event unacked) when the event is for another CQ than
   the one named: there is one CQ per QP, for sends and receives.
 - ``MR`` has no iova argument (``ibv_reg_mr_iova2``), and RDS/IB remote addresses are zero-based (the kernel's
-  FRWR MRs). A region for remote access is therefore registered through libibverbs with ctypes: the QP's PD
-  is imported into a second context made on a dup of the context's command fd (``ibv_import_device``,
-  ``ibv_import_pd`` of ``PD.handle``: the same kernel PD), and a buffer we mmap is registered there with
-  ``ibv_reg_mr_iova2(iova=0)``. The local bounce buffers of RDMA ops are ordinary pyverbs ``MR`` objects.
+  FRWR MRs). A region for remote access is therefore a buffer we mmap, registered through libibverbs with
+  ctypes, ``ibv_reg_mr_iova2(iova=0)``, in the QP's PD. pyverbs never exposes its ``struct ibv_pd *``: it is
+  found in the ``PD`` object's memory (the word pointing at an ``ibv_pd`` with the PD's handle and a context
+  pointer the ``Context`` object holds too; read with process_vm_readv on ourselves, so a wrong guess is an
+  error, not a crash); failing that, the PD is imported into a second context on a dup of the command fd
+  (``ibv_import_device``, ``ibv_import_pd``; rxe's provider cannot: EOPNOTSUPP, seen on 7.3). The local
+  bounce buffers of RDMA ops are ordinary pyverbs ``MR`` objects.
 - ``SendWR``/``RecvWR`` malloc their SGE array and never free it (the destructor is misspelt): every work
   request object is made once per queue pair and reused. A send WR's SGE list is pointed at a per-slot
   ``SGE`` (``wr.sg_list = sge``) whose ``length`` is set per post; these objects are never ``close()``d
@@ -35,6 +38,7 @@ import ctypes
 import errno
 import mmap
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -341,6 +345,42 @@ def _libibverbs() -> Any:
     return _ibv
 
 
+def _safe_read(addr: int, length: int) -> bytes | None:
+    """``length`` bytes of our own memory at ``addr``, or None where nothing is mapped (process_vm_readv on
+    ourselves: a wrong guess is an error, never a crash)."""
+    from pyrds.userspace.stack.errors import StackError
+    from pyrds.userspace.stack.memory import own_memory
+
+    if addr < 4096 or addr & 7:
+        return None
+    try:
+        return own_memory().read(addr, length)
+    except StackError:
+        return None
+
+
+def _words(obj: Any) -> list[int]:
+    """The pointer-sized words of a Python object's own memory (its C struct: ``sys.getsizeof`` bytes)."""
+    raw = ctypes.string_at(id(obj), sys.getsizeof(obj))
+    return [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw) - 7, 8)]
+
+
+def _pd_pointer(pd: Any, ctx: Any, handle: int) -> int:
+    """The ``struct ibv_pd *`` a pyverbs ``PD`` wraps (pyverbs keeps it in a C field it never exposes): the
+    word of the PD object that points at an ``ibv_pd`` whose ``handle`` is the PD's and whose ``context``
+    is a pointer the pyverbs ``Context`` object holds too (``struct ibv_pd { struct ibv_context *context;
+    uint32_t handle; }``). 0 when not found."""
+    ctx_words = set(_words(ctx))
+    for word in _words(pd):
+        raw = _safe_read(word, 12)
+        if raw is None:
+            continue
+        context = int.from_bytes(raw[:8], "little")
+        if int.from_bytes(raw[8:12], "little") == handle and context and context in ctx_words:
+            return word
+    return 0
+
+
 class _ZeroBasedRegion:
     """A buffer we mmap, registered for remote read/write at iova 0 in the QP's PD (see the docstring)."""
 
@@ -498,33 +538,45 @@ class PvQueuePair:
             self.qp.modify(attr, mask | e.IBV_QP_ACCESS_FLAGS)
 
     def _import_pd(self) -> int:
-        """The QP's PD in a second context on a dup of the command fd (see the module docstring)."""
+        """The QP's ``struct ibv_pd *`` for libibverbs (see the module docstring): found in the pyverbs
+        ``PD`` object, else (a provider that can) imported into a second context on a dup of the command
+        fd."""
         pd = getattr(self, "_zb_pd", None)
         if pd is not None:
             return int(pd)
         lib = _libibverbs()
+        self._zb_regions: list[_ZeroBasedRegion] = []
+        found = _pd_pointer(self.pd, self.ctx, int(self.pd.handle))
+        if found:
+            self._zb_pd = found
+
+            def release_found() -> None:
+                for region in self._zb_regions:
+                    region.close()
+
+            self._closers.append(release_found)
+            return found
         fd = os.dup(int(self.ctx.cmd_fd))
         ctx = lib.ibv_import_device(fd)
         if not ctx:
             err = ctypes.get_errno()
             os.close(fd)
-            raise VerbsError(f"ibv_import_device: {os.strerror(err)}", err)
-        pd = lib.ibv_import_pd(ctx, int(self.pd.handle))
-        if not pd:
+            raise VerbsError(f"no ibv_pd pointer found; ibv_import_device: {os.strerror(err)}", err)
+        imported = lib.ibv_import_pd(ctx, int(self.pd.handle))
+        if not imported:
             err = ctypes.get_errno()
             lib.ibv_close_device(ctx)
             raise VerbsError(f"ibv_import_pd: {os.strerror(err)}", err)
-        self._zb_pd = pd
-        self._zb_regions: list[_ZeroBasedRegion] = []
+        self._zb_pd = imported
 
         def release() -> None:
             for region in self._zb_regions:
                 region.close()
-            lib.ibv_unimport_pd(pd)
+            lib.ibv_unimport_pd(imported)
             lib.ibv_close_device(ctx)  # closes the dup
 
         self._closers.append(release)
-        return int(pd)
+        return int(imported)
 
     def reg_mr(self, length: int, remote: bool) -> _ZeroBasedRegion | _PvRegion:
         e = self.pv.e

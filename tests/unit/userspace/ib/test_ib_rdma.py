@@ -375,3 +375,18 @@ def test_an_mr_whose_registration_went_with_its_qp_is_forgotten() -> None:
     e = errno_of(lambda: r.p.b.sendmsg(r.sb, b"d", [cmsg.rdma_dest(cookie)], 0, (ip(A), 4000), True))
     assert e == errno.EINVAL
     assert r.sb.mrs == {}
+
+
+def test_the_pd_pointer_is_found_in_the_wrapping_objects_memory() -> None:
+    """pyverbs_backend._pd_pointer on stand-ins: ctypes objects keep a pointer to their buffer in their own
+    memory, as pyverbs' PD keeps its ``struct ibv_pd *``."""
+    from pyrds.userspace.transports.ib import pyverbs_backend as pb
+
+    class IbvPd(ctypes.Structure):
+        _fields_ = (("context", ctypes.c_void_p), ("handle", ctypes.c_uint32))
+
+    ctx = (ctypes.c_char * 64)()
+    pd = IbvPd(ctypes.addressof(ctx), 7)
+    assert pb._pd_pointer(pd, ctx, 7) == ctypes.addressof(pd)
+    assert pb._pd_pointer(pd, ctx, 8) == 0  # not its handle
+    assert pb._pd_pointer(pd, (ctypes.c_char * 64)(), 7) == 0  # a context the Context object does not hold
