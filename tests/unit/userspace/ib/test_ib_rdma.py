@@ -390,3 +390,42 @@ def test_the_pd_pointer_is_found_in_the_wrapping_objects_memory() -> None:
     assert pb._pd_pointer(pd, ctx, 7) == ctypes.addressof(pd)
     assert pb._pd_pointer(pd, ctx, 8) == 0  # not its handle
     assert pb._pd_pointer(pd, (ctypes.c_char * 64)(), 7) == 0  # a context the Context object does not hold
+
+
+def test_client_memory_of_another_process_and_the_open_handler() -> None:
+    """The service's side of the boundary: another process's memory by pid (as the service reads a
+    client's), and OPEN keeps the connection peer's pid and uid on the socket (never the service's own)."""
+    import subprocess
+    import sys
+
+    from pyrds.userspace.config import PeerCred, StackConfig
+    from pyrds.userspace.service.handlers import Request, _open
+    from pyrds.userspace.stack.core import Stack
+
+    code = (
+        "import ctypes,sys; b=ctypes.create_string_buffer(b'client bytes', 64); "
+        "print(ctypes.addressof(b), flush=True); sys.stdin.readline(); print(b.value.decode(), flush=True)"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        addr = int(child.stdout.readline())
+        mem = ClientMemory(child.pid, os.getuid())
+        assert mem.read(addr, 12) == b"client bytes"
+        mem.write(addr, b"SERVICE")
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "SERVICEbytes"
+    finally:
+        child.kill()
+        child.wait()
+    stack = Stack(StackConfig())
+    req = Request(stack, None, peer=PeerCred(child.pid, 1234, 1234))
+    _open(req, ())
+    assert req.rs is not None and isinstance(req.rs.memory, ClientMemory)
+    assert (req.rs.memory.pid, req.rs.memory.uid) == (child.pid, 1234)
+    for fd in req.fds:
+        os.close(fd)
+    stack.close(req.rs)
