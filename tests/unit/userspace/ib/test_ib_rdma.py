@@ -426,6 +426,6 @@ def test_client_memory_of_another_process_and_the_open_handler() -> None:
     _open(req, ())
     assert req.rs is not None and isinstance(req.rs.memory, ClientMemory)
     assert (req.rs.memory.pid, req.rs.memory.uid) == (child.pid, 1234)
-    for fd in req.fds:
-        os.close(fd)
+    for cb in req.after_reply:
+        cb()
     stack.close(req.rs)
