@@ -399,8 +399,9 @@ class Stack:
 
     def rdma_complete(self, op: rdma.RdmaOp, status: int, data: bytes = b"") -> None:
         """StackHost: an RDMA op's work request completed (``rds_rdma_send_complete``): a READ's bytes go
-        to the client's vectors; the socket gets an RDS_CMSG_RDMA_STATUS if the op asked for it (once: a
-        retransmission repeats the op, not the notification)."""
+        to the client's vectors; the socket gets an RDS_CMSG_RDMA_STATUS if the op asked for it, once (a
+        message with an RDMA op is never retransmitted: a reconnect reports it DROPPED, unless it was
+        notified already)."""
         rs = self.socks.get(op.sock_id)
         if rs is None or rs.dead:
             return

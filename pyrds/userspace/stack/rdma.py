@@ -146,7 +146,7 @@ class RdmaOp:
     recverr: bool = False
     token: int = 0
     sock_id: int = 0
-    #: the notification went out already (a retransmission does the op again, silently)
+    #: the notification went out already (never a second one for the op)
     done: bool = False
 
 

@@ -315,8 +315,8 @@ class IbEngine:
     ) -> int:
         """Queue a message (any state: it goes out once UP); returns its sequence number. ``extra_flags``
         may carry ACK_REQUIRED (the core sets it while a socket's send buffer is half full). ``rdma``: an
-        RDMA op whose work request goes out right before the message's first SEND, every time the message
-        is sent (a retransmission repeats it, as ``rds_send_xmit`` does)."""
+        RDMA op whose work request goes out right before the message's first SEND; such a message is never
+        retransmitted (:meth:`take_events`)."""
         seq = self.path.queue(sport, dport, payload, extra_flags, exthdr)
         if rdma is not None:
             self._rdma[seq] = rdma
