@@ -393,8 +393,7 @@ class Stack:
             get_mr=region,
         )
         if res.op is not None:
-            self.counters["send_rdma"] += 1
-            self.counters["send_rdma_bytes"] += res.op.nbytes
+            self.counters["send_rdma"] += 1  # rds_cmsg_rdma_args
         return res
 
     def rdma_complete(self, op: rdma.RdmaOp, status: int, data: bytes = b"") -> None:
@@ -402,6 +401,8 @@ class Stack:
         to the client's vectors; the socket gets an RDS_CMSG_RDMA_STATUS if the op asked for it, once (a
         message with an RDMA op is never retransmitted: a reconnect reports it DROPPED, unless it was
         notified already)."""
+        if status != 3:  # rds_ib_send_unmap_rdma: WRITE bytes sent, READ bytes received (not for a drop)
+            self.counters["send_rdma_bytes" if op.write else "recv_rdma_bytes"] += op.nbytes
         rs = self.socks.get(op.sock_id)
         if rs is None or rs.dead:
             return
@@ -424,8 +425,7 @@ class Stack:
         if mr is None:
             return
         try:
-            n = mr.sync_from_device(self.memory_of(rs))
-            self.counters["recv_rdma_bytes"] += n
+            mr.sync_from_device(self.memory_of(rs))
         except rdma.RegionGone:
             rdma.drop_mr(rs.mrs, key)
             return
