@@ -364,6 +364,17 @@ class PathEngine:
         self._written.append(msg)
         return msg.header, msg.payload
 
+    def next_retransmission(self) -> int:
+        """The sequence of the next message to send if it is a retransmission (RETRANSMITTED), else 0."""
+        if self._send_queue and self._send_queue[0].header.flags & HeaderFlag.RETRANSMITTED:
+            return self._send_queue[0].header.sequence
+        return 0
+
+    def drop_next(self) -> AckedMessage:
+        """Release the next message to send without sending it (RDS/IB drops a retransmission that carries
+        an RDMA op: send.c ``rds_send_xmit``)."""
+        return self._release(self._send_queue.popleft())
+
     def acked_seq(self, ack: int) -> list[AckedMessage]:
         """The peer received every message up to sequence ``ack`` (``rds_send_drop_acked``: an RDS-level
         ack, h_ack or the connect private data's ack_seq): release them, oldest first. Retransmissions

@@ -32,6 +32,7 @@ from pyrds.userspace.service.trust import has_cap_net_admin, may_administer
 from pyrds.userspace.stack import info_tables, sockopts
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.errors import StackError
+from pyrds.userspace.stack.memory import ClientMemory, own_memory
 from pyrds.userspace.stack.sockstate import SockState
 
 __all__ = ["HANDLERS", "WITHOUT_SOCKET", "Request", "dispatch"]
@@ -72,6 +73,8 @@ def _open(req: Request, _args: Any) -> int:
     """A new RDS socket: its readiness fd and its data channel (service/datachannel.py) go to the client."""
     if req.rs is None:
         rs = req.rs = req.stack.open()
+        # RDMA names the client's memory: the pid of this connection's peer, nothing else (stack/memory.py)
+        rs.memory = ClientMemory(req.peer.pid, req.peer.uid) if req.peer is not None else own_memory()
         ready = rs.readiness = Readiness()
         channel = rs.push = DataChannel()
         req.fds.extend((ready.client_fd(), *channel.client_fds()))

@@ -100,8 +100,13 @@ class AncBuilder:
     def put_cong(self, mask: int) -> bool:
         return self.put(*builders.cong_update(mask))
 
+    def put_rdma_status(self, token: int, status: int) -> None:
+        self.put(*builders.rdma_status(token, status))
+
     def put_recv(self, rs: SockState, inc: Incoming) -> None:
-        """rds_cmsg_recv: timestamp and rx path latency."""
+        """rds_cmsg_recv: the RDMA destination cookie, timestamp and rx path latency."""
+        if inc.rdma_cookie:
+            self.put(*builders.rdma_dest(inc.rdma_cookie))
         if inc.rx_tstamp_ns and rs.timestamp:
             sec, ns = divmod(inc.rx_tstamp_ns, 1_000_000_000)
             self.put(*builders.timestamp(sec, ns // 1000))

@@ -19,10 +19,11 @@ from pyrds.addr import IPAddress
 from pyrds.constants import MSG_ZEROCOPY, RDS_MAX_MSG_SIZE, Transport
 from pyrds.userspace.config import StackConfig
 from pyrds.userspace.proto.cong import CongestionMap, next_congested_state
-from pyrds.userspace.stack import ancillary
+from pyrds.userspace.stack import ancillary, rdma
 from pyrds.userspace.stack.congestion import CongestionTable
 from pyrds.userspace.stack.counters import new_counters
 from pyrds.userspace.stack.errors import MustWait, PushedFirst, StackError
+from pyrds.userspace.stack.memory import ClientMemory, own_memory
 from pyrds.userspace.stack.outbox import Outbox
 from pyrds.userspace.stack.ports import PortSpace, is_local, is_loopback, normalize
 from pyrds.userspace.stack.resources import RECV_MSG_OVERHEAD, recv_cap, release_memory
@@ -104,6 +105,19 @@ class Stack:
             return self.transport_of(Transport.LOOP)
         return select_transport(self.transports, self.is_local(daddr), sock_transport)
 
+    def rdma_transport(self, rs: SockState) -> Any:
+        """The RDMA transport (one with ``get_mr``: RDS/IB) of a socket of IB, else None (``rs_transport``
+        without ``get_mr``: TCP, loop, unbound)."""
+        if rs.transport != Transport.IB or rs.bound_addr is None:
+            return None
+        t = self.transport_of(Transport.IB)
+        return t if t is not None and hasattr(t, "get_mr") else None
+
+    @staticmethod
+    def memory_of(rs: SockState) -> ClientMemory:
+        mem = rs.memory
+        return mem if isinstance(mem, ClientMemory) else own_memory()
+
     def transport_of(self, kind: Transport) -> StackTransport | None:
         """The attached transport of ``kind`` (the first), None if none is."""
         for t in self.transports:
@@ -149,6 +163,9 @@ class Stack:
         for msg in list(rs.sent.values()):
             self._cancel(msg)
         rs.sent.clear()
+        for key in list(rs.mrs):  # rds_rdma_drop_keys
+            rdma.drop_mr(rs.mrs, key)
+        rs.rdma_notify.clear()
         if rs.bound_addr is not None:
             self.ports.remove(rs.bound_addr, rs.bound_port, rs.sock_id)
         self.socks.pop(rs.sock_id, None)
@@ -223,9 +240,9 @@ class Stack:
         anc: Sequence[tuple[int, int, bytes]],
         flags: int,
         dest: tuple[IPAddress, int] | None,
-    ) -> tuple[IPAddress, int, bool, Any]:
+    ) -> tuple[IPAddress, int, bool, Any, rdma.Plan | None]:
         """rds_sendmsg's checks, in its order, for a message of ``plen`` bytes: (daddr, dport, zerocopy,
-        zerocopy cookie), or StackError."""
+        zerocopy cookie, what an RDMA transport's cmsgs asked for), or StackError."""
         if flags & ~(MSG_DONTWAIT | MSG_ZEROCOPY):
             raise StackError(errno.EOPNOTSUPP)
         if dest is not None:
@@ -248,8 +265,11 @@ class Stack:
         zcopy = bool(flags & MSG_ZEROCOPY) and rs.zerocopy
         if zcopy and rs.transport != Transport.TCP:
             raise StackError(errno.EOPNOTSUPP)
+        if anc and self.rdma_transport(rs) is not None:
+            plan = rdma.rm_size(anc, flags, zcopy, self.memory_of(rs))
+            return daddr, dport, zcopy, plan.zcookie, plan
         cookie = ancillary.check_send(anc, flags, zcopy)
-        return daddr, dport, zcopy, cookie
+        return daddr, dport, zcopy, cookie, None
 
     def refuse_oversize(
         self,
@@ -288,7 +308,7 @@ class Stack:
         for. A post outside its grant is refused (StackError; only a client that broke the rules sees it)."""
         self.cong.look(rs)
         plen = len(payload)
-        daddr, dport, _zcopy, cookie = self._send_checks(rs, plen, anc, flags, dest)
+        daddr, dport, _zcopy, cookie, plan = self._send_checks(rs, plen, anc, flags, dest)
         if nonblock is False and flags & MSG_DONTWAIT:
             nonblock = True
         if posted:
@@ -320,6 +340,10 @@ class Stack:
         msg = Outgoing(
             rs.sock_id, rs.bound_addr, daddr, rs.bound_port, dport, bytes(payload), rs.tos, zcookie=cookie
         )
+        sent_rdma: rdma.SendResult | None = None
+        if plan is not None and plan.any_rdma:
+            sent_rdma = self._rdma_cmsgs(rs, anc, plan, transport, daddr)
+            msg.rdma, msg.rdma_cookie = sent_rdma.op, sent_rdma.cookie
         rs.snd_bytes += plen
         rs.sent_any = True
         rs.sent[id(msg)] = msg
@@ -332,9 +356,83 @@ class Stack:
                 transport.transmit(msg, (rs.bound_port, rs.hash_initval))
             except Exception:
                 self.transmit_failed(msg)
+                if sent_rdma is not None and sent_rdma.new_mr is not None:
+                    rdma.drop_mr(rs.mrs, sent_rdma.new_mr.key)
                 raise
         rs.update_readiness()
         return plen
+
+    def _rdma_cmsgs(
+        self,
+        rs: SockState,
+        anc: Sequence[tuple[int, int, bytes]],
+        plan: rdma.Plan,
+        transport: StackTransport,
+        daddr: IPAddress,
+    ) -> rdma.SendResult:
+        """rds_cmsg_send on an RDMA transport: the MR of an RDMA_MAP is registered on the connection to
+        ``daddr`` (the kernel's FRWR registration is posted on it; not up yet: ENODEV, which rds_cmsg_send
+        turns into EAGAIN, and the connection is started)."""
+        laddr = rs.bound_addr
+        assert laddr is not None
+        get_mr = getattr(transport, "get_mr", None)
+        if get_mr is None:
+            raise StackError(errno.EOPNOTSUPP)
+
+        def region(length: int) -> rdma.Region:
+            r: rdma.Region = get_mr(laddr, daddr, length)
+            return r
+
+        res = rdma.cmsg_send(
+            anc,
+            plan,
+            sock_id=rs.sock_id,
+            recverr=rs.recverr,
+            mem=self.memory_of(rs),
+            mrs=rs.mrs,
+            get_mr=region,
+        )
+        if res.op is not None:
+            self.counters["send_rdma"] += 1  # rds_cmsg_rdma_args
+        return res
+
+    def rdma_complete(self, op: rdma.RdmaOp, status: int, data: bytes = b"") -> None:
+        """StackHost: an RDMA op's work request completed (``rds_rdma_send_complete``): a READ's bytes go
+        to the client's vectors; the socket gets an RDS_CMSG_RDMA_STATUS if the op asked for it, once (a
+        message with an RDMA op is never retransmitted: a reconnect reports it DROPPED, unless it was
+        notified already)."""
+        if status != 3:  # rds_ib_send_unmap_rdma: WRITE bytes sent, READ bytes received (not for a drop)
+            self.counters["send_rdma_bytes" if op.write else "recv_rdma_bytes"] += op.nbytes
+        rs = self.socks.get(op.sock_id)
+        if rs is None or rs.dead:
+            return
+        if not op.write and status == 0 and data:
+            try:
+                rdma.scatter(op, data, self.memory_of(rs))
+            except StackError:
+                self.counters["rdma_read_writeback_failed"] += 1
+                status = 4  # RDS_RDMA_OTHER_ERROR: the client's buffer is gone
+        if op.done or not op.notify:
+            return
+        op.done = True
+        rs.rdma_notify.append((op.token, status))
+        rs.update_readiness()
+
+    def rdma_unuse(self, rs: SockState, key: int) -> None:
+        """``rds_rdma_unuse(rs, key, 0)`` for a received RDS_EXTHDR_RDMA: what the peer wrote into the MR
+        goes to the client (sync_mr DMA_FROM_DEVICE); a USE_ONCE MR is freed."""
+        mr = rs.mrs.get(key)
+        if mr is None:
+            return
+        try:
+            mr.sync_from_device(self.memory_of(rs))
+        except rdma.RegionGone:
+            rdma.drop_mr(rs.mrs, key)
+            return
+        except StackError:
+            self.counters["rdma_mr_writeback_failed"] += 1
+        if mr.use_once:
+            rdma.drop_mr(rs.mrs, key)
 
     def transmit_failed(self, msg: Outgoing) -> None:
         """A transport raised instead of taking ``msg`` (a bug, logged by the caller): forget the message and
@@ -445,6 +543,10 @@ class Stack:
         if rs.dead:
             self.counters["recv_drop_dead_sock"] += 1
             return True
+        if inc.rdma_key is not None:
+            self.rdma_unuse(rs, inc.rdma_key)
+        if inc.rdma_cookie:
+            inc.pushable = False  # recvmsg adds RDS_CMSG_RDMA_DEST
         self.counters["recv_queued"] += 1
         self._rcvbuf_delta(rs, len(inc.payload))
         rs.rcv_charge += len(inc.payload) + RECV_MSG_OVERHEAD
@@ -580,6 +682,14 @@ class Stack:
             raise StackError(errno.EOPNOTSUPP)
         del nonblock  # the client waits for POLLIN itself; the service never blocks
         out = ancillary.AncBuilder(ancbufsize)
+        if rs.rdma_notify:
+            # rds_notify_queue_get: as many as fit whole (at least one; truncated: MSG_CTRUNC, consumed)
+            fit = max(1, ancbufsize // socket.CMSG_SPACE(16))
+            for _ in range(min(fit, len(rs.rdma_notify))):
+                token, status = rs.rdma_notify.popleft()
+                out.put_rdma_status(token, status)
+            rs.update_readiness()
+            return b"", out.items, out.msg_flags, None
         if rs.cong_notify:
             notify = rs.cong_notify
             if out.put_cong(notify):

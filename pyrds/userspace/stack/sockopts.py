@@ -21,7 +21,7 @@ from pyrds.constants import (
     Transport,
 )
 from pyrds.userspace.config import SOCK_MIN_RCVBUF, SOCK_MIN_SNDBUF
-from pyrds.userspace.stack import info_tables
+from pyrds.userspace.stack import info_tables, rdma
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.errors import StackError
 from pyrds.userspace.stack.sockstate import SockState
@@ -29,6 +29,7 @@ from pyrds.userspace.stack.sockstate import SockState
 INT_MAX = (1 << 31) - 1
 GET_MR_ARGS_SIZE = 32
 GET_MR_FOR_DEST_ARGS_SIZE = 160
+FREE_MR_ARGS_SIZE = 16
 _GENERIC_SOL_SOCKET = {
     socket.SO_DEBUG,
     socket.SO_REUSEADDR,
@@ -105,10 +106,27 @@ def setsockopt(
             raise StackError(errno.EINVAL)
         if rs.bound_addr is None:
             raise StackError(errno.ENOTCONN)
+        if stack.rdma_transport(rs) is None:
+            raise StackError(errno.EOPNOTSUPP)
+        # RDS/IB: __rds_rdma_map's checks and its pin, then rds_ib_reg_frmr without a connection (a socket
+        # option has none to post the registration on): EOPNOTSUPP, as a kernel with an FRWR device (rxe,
+        # every current HCA) answers; MRs come from RDS_CMSG_RDMA_MAP
+        addr, nbytes = struct.unpack_from("=QQ", value, 0 if optname == SockOpt.RDS_GET_MR else 128)
+        npages = rdma.map_checks(addr, nbytes)
+        stack.memory_of(rs).read(addr & ~(rdma.PAGE - 1), npages * rdma.PAGE)
         raise StackError(errno.EOPNOTSUPP)
     elif optname == SockOpt.RDS_FREE_MR:
-        # rds_free_mr: cookie 0 needs flush_mrs (TCP/loop have none), else the MR is not found: EINVAL
-        raise StackError(errno.EINVAL)
+        # rds_free_mr: exact optlen; cookie 0 flushes the transport's MRs (TCP/loop have no flush_mrs:
+        # EINVAL); otherwise the socket's MR of that r_key is freed, or EINVAL
+        if isinstance(value, int) or len(value) != FREE_MR_ARGS_SIZE:
+            raise StackError(errno.EINVAL)
+        cookie, _flags = struct.unpack("=QQ", value)
+        if cookie == 0:
+            if rs.transport != Transport.IB or stack.transport_of(Transport.IB) is None:
+                raise StackError(errno.EINVAL)
+            return
+        if rdma.drop_mr(rs.mrs, cookie & 0xFFFFFFFF) is None:
+            raise StackError(errno.EINVAL)
     elif optname == SockOpt.RDS_RECVERR:
         rs.recverr = bool(_int(value))
     elif optname == SockOpt.RDS_CONG_MONITOR:

@@ -7,7 +7,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from pyrds.addr import IPAddress
 from pyrds.constants import RDS_MAX_ZCOOKIES, Transport
@@ -66,6 +66,10 @@ class Incoming:
     lat: tuple[int, int, int, int] = (0, 0, 0, 0)
     #: may go to the reader's data channel (False: served by request; RDS/TCP, see tcp/path.py PUSH_FROM_TCP)
     pushable: bool = True
+    #: RDS_EXTHDR_RDMA: the r_key of the receiver's MR an RDMA op of this message used (``rds_rdma_unuse``)
+    rdma_key: int | None = None
+    #: RDS_EXTHDR_RDMA_DEST as a cookie (r_key | offset << 32): recvmsg gives it as RDS_CMSG_RDMA_DEST
+    rdma_cookie: int = 0
 
 
 @dataclass(slots=True)
@@ -81,6 +85,10 @@ class Outgoing:
     tos: int = 0
     seq: int = 0
     zcookie: int | None = None
+    #: ``rm->rdma``: the RDMA READ/WRITE that goes out before this message (stack/rdma.py ``RdmaOp``)
+    rdma: Any = None
+    #: ``m_rdma_cookie``: sent to the peer as RDS_EXTHDR_RDMA_DEST
+    rdma_cookie: int = 0
 
 
 @dataclass
@@ -141,6 +149,12 @@ class SockState:
     grant_sndbuf: int = 0
     dead: bool = False
     sent_any: bool = False  # rs_conn set (a message was sent)
+    #: the client's memory for RDMA (stack/memory.py; None: this process's own, an in-process caller)
+    memory: Any = None
+    #: rs_rdma_keys: the socket's MRs by r_key (stack/rdma.py ``MemRegion``)
+    mrs: dict[int, Any] = field(default_factory=dict)
+    #: rs_notify_queue: (user_token, status) of RDMA ops that asked for RDS_RDMA_NOTIFY_ME
+    rdma_notify: deque[tuple[int, int]] = field(default_factory=deque)
 
     @property
     def rds_sndbuf(self) -> int:
@@ -158,7 +172,7 @@ class SockState:
             self.zcookies.append([cookie])
 
     def has_input(self) -> bool:
-        return bool(self.recv_queue or self.cong_notify or self.zcookies)
+        return bool(self.recv_queue or self.cong_notify or self.zcookies or self.rdma_notify)
 
     def cong_updated_since(self) -> bool:
         """rds_cong_updated_since without consuming: a map update happened since ``cong_track``."""
@@ -178,7 +192,7 @@ class SockState:
             self.push is not None
             and not self.dead
             and not (self.timestamp or self.rx_traces or self.zerocopy or self.cong_monitor)
-            and not (self.cong_notify or self.zcookies)
+            and not (self.cong_notify or self.zcookies or self.rdma_notify)
         )
 
     def sync_reads(self) -> None:

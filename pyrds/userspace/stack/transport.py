@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterable, Mapping
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from pyrds.addr import IPAddress
 from pyrds.constants import Transport as TransportType
@@ -164,6 +164,10 @@ class StackHost(Protocol):
 
     def cong_updated(self, portmask: int) -> None:
         """``rds_cong_map_updated``: a map changed for the ports in ``portmask`` (without replacing one)."""
+
+    def rdma_complete(self, op: Any, status: int, data: bytes = b"") -> None:
+        """An RDMA op's work request completed (``rds_rdma_send_complete``): RDS_RDMA_* ``status``; ``data``:
+        a successful READ's bytes."""
 
 
 class Transport(Protocol):

@@ -38,11 +38,12 @@ import enum
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from pyrds.userspace.proto import PathState, ProtocolError
 from pyrds.userspace.transports.ib.engine import CmAnswer, IbEngine
-from pyrds.userspace.transports.ib.events import IbEvent
+from pyrds.userspace.transports.ib.events import IbEvent, RdmaCompleted
+from pyrds.userspace.transports.ib.frag import SendWR, WrKind
 from pyrds.userspace.transports.ib.verbs import (
     CmChannel,
     CmEvent,
@@ -50,6 +51,7 @@ from pyrds.userspace.transports.ib.verbs import (
     CmId,
     Completion,
     ConnParams,
+    MemoryRegion,
     QpConfig,
     QueuePair,
     Verbs,
@@ -150,6 +152,8 @@ class IbConnection:
         #: (source, destination) GIDs and the device's max_sge, read when the connection comes UP
         self.gids: tuple[bytes, bytes] = (bytes(16), bytes(16))
         self.device_max_sge = 0
+        #: RDMA work requests posted and not completed: wr_id -> (op, its registered bounce buffer)
+        self._rdma_wrs: dict[int, tuple[Any, MemoryRegion]] = {}
 
     def __repr__(self) -> str:
         side = "active" if self.active else "passive"
@@ -342,6 +346,13 @@ class IbConnection:
         if wc.status != WcStatus.SUCCESS:
             name = "flushed" if wc.status == WcStatus.WR_FLUSH_ERR else f"wc status {wc.status}"
             self.counters["ib_wc_error"] += 1
+            posted = None if wc.is_recv else self._rdma_wrs.pop(wc.wr_id, None)
+            if posted is not None and wc.status != WcStatus.WR_FLUSH_ERR:
+                # rds_ib_send_complete: a remote access error is REMOTE_ERROR, anything else OTHER_ERROR
+                self.counters["ib_rdma_wc_error"] += 1
+                status = 1 if wc.status == WcStatus.REM_ACCESS_ERR else 4
+                posted[1].close()
+                self._report([RdmaCompleted(posted[0], status)])
             self.close(f"{'receive' if wc.is_recv else 'send'} completion {name}")
             return
         if wc.is_recv:
@@ -349,7 +360,23 @@ class IbConnection:
             self._recv_completion(wc)
             return
         self.counters["ib_tx_cq_event"] += 1
-        if wc.opcode != WcOpcode.SEND:
+        if wc.opcode in (WcOpcode.RDMA_WRITE, WcOpcode.RDMA_READ):
+            posted = self._rdma_wrs.pop(wc.wr_id, None)
+            if posted is None or (wc.opcode == WcOpcode.RDMA_WRITE) != bool(posted[0].write):
+                self.counters["ib_bad_completion"] += 1
+                self.close(f"RDMA completion (opcode {wc.opcode}) for wr_id {wc.wr_id}, not posted")
+                return
+            op, bounce = posted
+            try:
+                data = b"" if op.write else bounce.read(0, op.nbytes)
+            except VerbsError as exc:
+                self._fail("RDMA read-back", exc)
+                return
+            bounce.close()
+            self._report([RdmaCompleted(op, 0, data)])
+            if self._closed():
+                return
+        elif wc.opcode != WcOpcode.SEND:
             self.counters["ib_bad_completion"] += 1
             self.close(f"send completion with opcode {wc.opcode}")
             return
@@ -413,11 +440,31 @@ class IbConnection:
                 self._nposted += 1
             send_wr = self.engine.send_wr
             for wr in self.engine.poll_send():
+                if wr.kind == WrKind.RDMA:
+                    self._post_rdma(wr)
+                    continue
                 slot = send_wr if wr.wr_id == ACK_WR_ID else wr.wr_id % send_wr
                 self.qp.post_send(slot, wr.wr_id, wr.data, wr.signaled, wr.solicited)
                 self.counters["ib_tx_wr"] += 1
+            self._report(self.engine.take_events())
         except VerbsError as exc:
             self._fail("post", exc)
+
+    def _post_rdma(self, wr: SendWR) -> None:
+        """``rds_ib_xmit_rdma``: the op's local bytes in a registered bounce buffer (the client's memory is
+        another process's), one RDMA WR; the buffer is released when the WR completes."""
+        assert self.qp is not None
+        op = wr.rdma
+        bounce = self.qp.reg_mr(op.nbytes, remote=False)
+        try:
+            if op.write:
+                bounce.write(0, op.data)
+            self.qp.post_rdma(wr.wr_id, op.write, bounce, op.nbytes, op.rkey, op.remote_addr, op.fence)
+        except BaseException:
+            bounce.close()
+            raise
+        self._rdma_wrs[wr.wr_id] = (op, bounce)
+        self.counters["ib_tx_rdma"] += 1
 
     # -- teardown -------------------------------------------------------------------------------------------
     def _fail(self, what: str, exc: VerbsError) -> None:
@@ -434,6 +481,9 @@ class IbConnection:
         self.close_reason = reason
         if self.engine.state != PathState.DOWN:
             self.engine.connection_lost(self.clock())
+        for _op, bounce in self._rdma_wrs.values():  # flushed: no notification (rds_ib_send_complete)
+            _close_quietly(bounce)
+        self._rdma_wrs.clear()
         if self._qp_fd >= 0:
             self.loop.remove_reader(self._qp_fd)
             self._qp_fd = -1

@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter, deque
 from dataclasses import dataclass
+from typing import Any
 
 from pyrds.constants import RDS_HEADER_SIZE, RDS_MAX_MSG_SIZE, HeaderFlag
 from pyrds.userspace.proto import (
@@ -59,7 +60,7 @@ from pyrds.userspace.proto import (
     cong_map_header,
 )
 from pyrds.userspace.proto.header import checksum_ok
-from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked
+from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked, RdmaCompleted
 from pyrds.userspace.transports.ib.frag import SendWR, WrKind, ack_frame, fragments, sealed_header
 from pyrds.userspace.transports.ib.privdata import (
     REJ_CONSUMER_DATA,
@@ -104,6 +105,8 @@ class _Tx:
     header: bytes
     frags: list[bytes]
     next: int = 0
+    #: an RDMA op still to post before the first fragment (``cp_xmit_rdma_sent`` not set yet)
+    rdma: Any = None
 
 
 class IbEngine:
@@ -172,6 +175,8 @@ class IbEngine:
         self._unsignaled = max_unsignaled_wr
         self._recv_posted = 0
         self._peer_ack_seq = 0  # from the REQ, applied when the passive side is established
+        self._rdma: dict[int, Any] = {}  # sequence -> the RDMA op of that message, until it is acked
+        self._events: list[IbEvent] = []  # what poll_send decided besides work requests (take_events)
 
     # -- info ----------------------------------------------------------------------------------------------
     @property
@@ -269,6 +274,7 @@ class IbEngine:
         self._reset_connection_state()
         self.drop_reason = ""
         acked = self.path.acked_seq(ack) if ack else []
+        self._forget_rdma(acked)
         return [MessagesAcked(tuple(acked))] if acked else []
 
     def connection_lost(self, now: float) -> None:
@@ -305,10 +311,21 @@ class IbEngine:
         payload: bytes,
         extra_flags: int = 0,
         exthdr: tuple[ExtHeader, ...] | list[ExtHeader] | None = None,
+        rdma: Any = None,
     ) -> int:
         """Queue a message (any state: it goes out once UP); returns its sequence number. ``extra_flags``
-        may carry ACK_REQUIRED (the core sets it while a socket's send buffer is half full)."""
-        return self.path.queue(sport, dport, payload, extra_flags, exthdr)
+        may carry ACK_REQUIRED (the core sets it while a socket's send buffer is half full). ``rdma``: an
+        RDMA op whose work request goes out right before the message's first SEND; such a message is never
+        retransmitted (:meth:`take_events`)."""
+        seq = self.path.queue(sport, dport, payload, extra_flags, exthdr)
+        if rdma is not None:
+            self._rdma[seq] = rdma
+        return seq
+
+    def _forget_rdma(self, acked: list[Any]) -> None:
+        if self._rdma:
+            for m in acked:
+                self._rdma.pop(m.seq, None)
 
     def send_ping(self, sport: int) -> int:
         return self.path.send_ping(sport)
@@ -335,6 +352,9 @@ class IbEngine:
                 break
             self._tx = tx
             while tx.next < len(tx.frags) and len(self._ring) < self.send_wr:
+                if tx.rdma is not None:
+                    out.append(self._post_rdma(tx))
+                    continue
                 out.append(self._post(tx))
             if tx.next == len(tx.frags):
                 self._tx = None
@@ -361,7 +381,37 @@ class IbEngine:
         frag = tx.frags[index]
         return SendWR(wr_id, tx.kind, tx.header, frag, signaled, last, tx.seq, index, len(tx.frags))
 
+    def _post_rdma(self, tx: _Tx) -> SendWR:
+        """``rds_ib_xmit_rdma``: one signalled RDMA WR on the ring (its completion carries the status)."""
+        op, tx.rdma = tx.rdma, None
+        self._unsignaled = self.max_unsignaled_wr
+        wr_id = self._next_wr_id
+        self._next_wr_id += 1
+        self._ring.append(wr_id)
+        self.counters["ib_tx_rdma_wr"] += 1
+        return SendWR(wr_id, WrKind.RDMA, b"", b"", True, False, tx.seq, 0, len(tx.frags), rdma=op)
+
+    def take_events(self) -> list[IbEvent]:
+        """Events of :meth:`poll_send`: retransmissions with an RDMA op dropped (released, and the op's
+        notification RDS_RDMA_DROPPED)."""
+        out, self._events = self._events, []
+        return out
+
+    def _drop_rdma_retransmissions(self) -> None:
+        """``rds_send_xmit``: "we never retransmit messages with RDMA ops" (an RDMA to a bad key moved the
+        whole QP to error; the kernel drops the message and reports RDS_RDMA_DROPPED)."""
+        while True:
+            seq = self.path.next_retransmission()
+            if not seq or seq not in self._rdma:
+                return
+            op = self._rdma.pop(seq)
+            self.counters["ib_rdma_retrans_dropped"] += 1
+            self._events.append(MessagesAcked((self.path.drop_next(),)))
+            self._events.append(RdmaCompleted(op, 3))  # RDS_RDMA_DROPPED
+
     def _next_tx(self) -> _Tx | None:
+        if self._rdma:
+            self._drop_rdma_retransmissions()
         if self.path.take_cong_map():
             header = dataclasses.replace(cong_map_header(), ack=self._piggyback())
             return _Tx(WrKind.CONG, 0, sealed_header(header), fragments(self.path.local_map.to_bytes()))
@@ -382,7 +432,9 @@ class IbEngine:
             self._unacked_packets -= 1
             self._unacked_bytes -= header.length
         wire = dataclasses.replace(header, flags=flags, ack=ack)
-        return _Tx(WrKind.DATA, header.sequence, sealed_header(wire), fragments(payload))
+        tx = _Tx(WrKind.DATA, header.sequence, sealed_header(wire), fragments(payload))
+        tx.rdma = self._rdma.get(header.sequence)
+        return tx
 
     def _piggyback(self) -> int:
         """``rds_ib_piggyb_ack``: the ack for a data frame; a pending ACK request counts as answered."""
@@ -445,6 +497,7 @@ class IbEngine:
         h = RDSHeader.decode(raw)
         acked = self.path.acked_seq(h.ack)
         if acked:
+            self._forget_rdma(acked)
             events.append(MessagesAcked(tuple(acked)))
         if h.credit:
             self.credits_received += h.credit

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pyrds.userspace.proto import AckedMessage, Event
 
-__all__ = ["IbEvent", "MessagesAcked"]
+__all__ = ["IbEvent", "MessagesAcked", "RdmaCompleted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,4 +18,15 @@ class MessagesAcked:
     messages: tuple[AckedMessage, ...]
 
 
-IbEvent = Event | MessagesAcked
+@dataclass(frozen=True, slots=True)
+class RdmaCompleted:
+    """The work request of an RDMA op (``stack.rdma.RdmaOp``) completed: ``status`` is the RDS_RDMA_* status
+    (``rds_ib_send_complete``: success, REMOTE_ERROR for a remote access error, OTHER_ERROR otherwise;
+    flushed requests report nothing); ``data``: a successful READ's bytes."""
+
+    op: Any
+    status: int
+    data: bytes = b""
+
+
+IbEvent = Event | MessagesAcked | RdmaCompleted

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from pyrds.userspace.proto import RDSHeader
 from pyrds.userspace.proto.header import with_checksum
@@ -22,6 +23,7 @@ class WrKind(enum.Enum):
     DATA = "data"  # a sequenced message (also pings and pongs)
     CONG = "cong"  # the congestion map (sequence 0, not acked, not retransmitted)
     ACK = "ack"  # the ACK-only frame
+    RDMA = "rdma"  # an RDMA READ/WRITE posted before its message's first SEND (``rds_ib_xmit_rdma``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,8 @@ class SendWR:
     #: index of this fragment within its message and the message's fragment count
     frag: int = 0
     nfrags: int = 1
+    #: kind RDMA: the op (``stack.rdma.RdmaOp``: rkey, remote address, bytes, READ or WRITE)
+    rdma: Any = None
 
     @property
     def data(self) -> bytes:

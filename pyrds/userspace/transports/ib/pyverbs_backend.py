@@ -17,6 +17,14 @@ Workarounds for pyverbs <= 56 (rds-ib-facts.md 5.1-5.5, read in rdma-core v44.0 
   and never uses the id's.
 - ``CompChannel.get_cq_event`` raises (and leaves the event unacked) when the event is for another CQ than
   the one named: there is one CQ per QP, for sends and receives.
+- ``MR`` has no iova argument (``ibv_reg_mr_iova2``), and RDS/IB remote addresses are zero-based (the kernel's
+  FRWR MRs). A region for remote access is therefore a buffer we mmap, registered through libibverbs with
+  ctypes, ``ibv_reg_mr_iova2(iova=0)``, in the QP's PD. pyverbs never exposes its ``struct ibv_pd *``: it is
+  found in the ``PD`` object's memory (the word pointing at an ``ibv_pd`` with the PD's handle and a context
+  pointer the ``Context`` object holds too; read with process_vm_readv on ourselves, so a wrong guess is an
+  error, not a crash); failing that, the PD is imported into a second context on a dup of the command fd
+  (``ibv_import_device``, ``ibv_import_pd``; rxe's provider cannot: EOPNOTSUPP, seen on 7.3). The local
+  bounce buffers of RDMA ops are ordinary pyverbs ``MR`` objects.
 - ``SendWR``/``RecvWR`` malloc their SGE array and never free it (the destructor is misspelt): every work
   request object is made once per queue pair and reused. A send WR's SGE list is pointed at a per-slot
   ``SGE`` (``wr.sg_list = sge``) whose ``length`` is set per post; these objects are never ``close()``d
@@ -26,8 +34,11 @@ Workarounds for pyverbs <= 56 (rds-ib-facts.md 5.1-5.5, read in rdma-core v44.0 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import mmap
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -293,6 +304,143 @@ class PvId:
             self._id.close()
 
 
+class _IbvMr(ctypes.Structure):
+    _fields_ = (
+        ("context", ctypes.c_void_p),
+        ("pd", ctypes.c_void_p),
+        ("addr", ctypes.c_void_p),
+        ("length", ctypes.c_size_t),
+        ("handle", ctypes.c_uint32),
+        ("lkey", ctypes.c_uint32),
+        ("rkey", ctypes.c_uint32),
+    )
+
+
+_ibv: Any = None
+
+
+def _libibverbs() -> Any:
+    global _ibv
+    if _ibv is None:
+        lib = ctypes.CDLL("libibverbs.so.1", use_errno=True)
+        lib.ibv_import_device.restype = ctypes.c_void_p
+        lib.ibv_import_device.argtypes = (ctypes.c_int,)
+        lib.ibv_import_pd.restype = ctypes.c_void_p
+        lib.ibv_import_pd.argtypes = (ctypes.c_void_p, ctypes.c_uint32)
+        lib.ibv_unimport_pd.restype = None
+        lib.ibv_unimport_pd.argtypes = (ctypes.c_void_p,)
+        lib.ibv_close_device.restype = ctypes.c_int
+        lib.ibv_close_device.argtypes = (ctypes.c_void_p,)
+        lib.ibv_reg_mr_iova2.restype = ctypes.POINTER(_IbvMr)
+        lib.ibv_reg_mr_iova2.argtypes = (
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_uint64,
+            ctypes.c_uint,
+        )
+        lib.ibv_dereg_mr.restype = ctypes.c_int
+        lib.ibv_dereg_mr.argtypes = (ctypes.POINTER(_IbvMr),)
+        _ibv = lib
+    return _ibv
+
+
+def _safe_read(addr: int, length: int) -> bytes | None:
+    """``length`` bytes of our own memory at ``addr``, or None where nothing is mapped (process_vm_readv on
+    ourselves: a wrong guess is an error, never a crash)."""
+    from pyrds.userspace.stack.errors import StackError
+    from pyrds.userspace.stack.memory import own_memory
+
+    if addr < 4096 or addr & 7:
+        return None
+    try:
+        return own_memory().read(addr, length)
+    except StackError:
+        return None
+
+
+def _words(obj: Any) -> list[int]:
+    """The pointer-sized words of a Python object's own memory (its C struct: ``sys.getsizeof`` bytes)."""
+    raw = ctypes.string_at(id(obj), sys.getsizeof(obj))
+    return [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw) - 7, 8)]
+
+
+def _pd_pointer(pd: Any, ctx: Any, handle: int) -> int:
+    """The ``struct ibv_pd *`` a pyverbs ``PD`` wraps (pyverbs keeps it in a C field it never exposes): the
+    word of the PD object that points at an ``ibv_pd`` whose ``handle`` is the PD's and whose ``context``
+    is a pointer the pyverbs ``Context`` object holds too (``struct ibv_pd { struct ibv_context *context;
+    uint32_t handle; }``). 0 when not found."""
+    ctx_words = set(_words(ctx))
+    for word in _words(pd):
+        raw = _safe_read(word, 12)
+        if raw is None:
+            continue
+        context = int.from_bytes(raw[:8], "little")
+        if int.from_bytes(raw[8:12], "little") == handle and context and context in ctx_words:
+            return word
+    return 0
+
+
+class _ZeroBasedRegion:
+    """A buffer we mmap, registered for remote read/write at iova 0 in the QP's PD (see the docstring)."""
+
+    def __init__(self, pd: int, length: int, access: int) -> None:
+        lib = _libibverbs()
+        self._buf: mmap.mmap | None = mmap.mmap(-1, length)
+        self._anchor: Any = ctypes.c_char.from_buffer(self._buf)
+        self.length = length
+        mr = lib.ibv_reg_mr_iova2(pd, ctypes.addressof(self._anchor), length, 0, access)
+        if not mr:
+            err = ctypes.get_errno()
+            self._release()
+            raise VerbsError(f"ibv_reg_mr_iova2 of {length} bytes: {os.strerror(err)}", err)
+        self._mr: Any = mr
+        self.key = int(mr.contents.rkey)
+
+    def _check(self, offset: int, length: int) -> mmap.mmap:
+        if self._buf is None or offset < 0 or length < 0 or offset + length > self.length:
+            raise VerbsError(f"region access {offset}+{length} outside {self.length} bytes (or closed)")
+        return self._buf
+
+    def read(self, offset: int, length: int) -> bytes:
+        return bytes(self._check(offset, length)[offset : offset + length])
+
+    def write(self, offset: int, data: bytes) -> None:
+        self._check(offset, len(data))[offset : offset + len(data)] = data
+
+    def _release(self) -> None:
+        self._anchor = None
+        if self._buf is not None:
+            self._buf.close()
+            self._buf = None
+
+    def close(self) -> None:
+        if self._mr is not None:
+            _libibverbs().ibv_dereg_mr(self._mr)
+            self._mr = None
+        self._release()
+
+
+class _PvRegion:
+    """A pyverbs ``MR`` (local access): an RDMA op's bounce buffer; keeps its work request alive."""
+
+    def __init__(self, mr: Any) -> None:
+        self.mr = mr
+        self.key = int(mr.rkey)
+        self.keep: list[Any] = []
+
+    def read(self, offset: int, length: int) -> bytes:
+        return bytes(self.mr.read(length, offset))
+
+    def write(self, offset: int, data: bytes) -> None:
+        if data:
+            self.mr.write(data, len(data), offset)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.mr.close()
+
+
 class PvQueuePair:
     """Context + PD + completion channel + one CQ + RC QP + send/receive MRs and prebuilt work requests."""
 
@@ -376,8 +524,86 @@ class PvQueuePair:
         return attr
 
     def to_init(self) -> None:
+        """RESET -> INIT with rdma_cm's attributes, plus remote read/write access (rdma_cm gives an active id
+        no access flags before the REP: RDMA into our regions would fail with a remote access error)."""
+        e = self.pv.e
         with _wrapped(self.pv, "QP to INIT"):
-            self._modify_via_cm(self.pv.e.IBV_QPS_INIT)
+            attr, mask = self._cmid.init_qp_attr(e.IBV_QPS_INIT)
+            attr.qp_access_flags = (
+                int(attr.qp_access_flags or 0)
+                | e.IBV_ACCESS_LOCAL_WRITE
+                | e.IBV_ACCESS_REMOTE_WRITE
+                | e.IBV_ACCESS_REMOTE_READ
+            )
+            self.qp.modify(attr, mask | e.IBV_QP_ACCESS_FLAGS)
+
+    def _import_pd(self) -> int:
+        """The QP's ``struct ibv_pd *`` for libibverbs (see the module docstring): found in the pyverbs
+        ``PD`` object, else (a provider that can) imported into a second context on a dup of the command
+        fd."""
+        pd = getattr(self, "_zb_pd", None)
+        if pd is not None:
+            return int(pd)
+        lib = _libibverbs()
+        self._zb_regions: list[_ZeroBasedRegion] = []
+        found = _pd_pointer(self.pd, self.ctx, int(self.pd.handle))
+        if found:
+            self._zb_pd = found
+
+            def release_found() -> None:
+                for region in self._zb_regions:
+                    region.close()
+
+            self._closers.append(release_found)
+            return found
+        fd = os.dup(int(self.ctx.cmd_fd))
+        ctx = lib.ibv_import_device(fd)
+        if not ctx:
+            err = ctypes.get_errno()
+            os.close(fd)
+            raise VerbsError(f"no ibv_pd pointer found; ibv_import_device: {os.strerror(err)}", err)
+        imported = lib.ibv_import_pd(ctx, int(self.pd.handle))
+        if not imported:
+            err = ctypes.get_errno()
+            lib.ibv_close_device(ctx)
+            raise VerbsError(f"ibv_import_pd: {os.strerror(err)}", err)
+        self._zb_pd = imported
+
+        def release() -> None:
+            for region in self._zb_regions:
+                region.close()
+            lib.ibv_unimport_pd(imported)
+            lib.ibv_close_device(ctx)  # closes the dup
+
+        self._closers.append(release)
+        return int(imported)
+
+    def reg_mr(self, length: int, remote: bool) -> _ZeroBasedRegion | _PvRegion:
+        e = self.pv.e
+        if length <= 0:
+            raise VerbsError(f"region of {length} bytes")
+        if remote:
+            access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+            region = _ZeroBasedRegion(self._import_pd(), length, int(access))
+            self._zb_regions.append(region)
+            return region
+        with _wrapped(self.pv, "ibv_reg_mr"):
+            return _PvRegion(self.pv.mr.MR(self.pd, length, e.IBV_ACCESS_LOCAL_WRITE))
+
+    def post_rdma(
+        self, wr_id: int, write: bool, local: Any, length: int, rkey: int, remote_addr: int, fence: bool
+    ) -> None:
+        pv, e = self.pv, self.pv.e
+        if not isinstance(local, _PvRegion):
+            raise VerbsError("RDMA from a region that is not a local bounce buffer")
+        flags = e.IBV_SEND_SIGNALED | (e.IBV_SEND_FENCE if fence else 0)
+        with _wrapped(pv, "ibv_post_send (RDMA)"):
+            sge = pv.wr.SGE(int(local.mr.buf), length, int(local.mr.lkey))
+            opcode = e.IBV_WR_RDMA_WRITE if write else e.IBV_WR_RDMA_READ
+            wr = pv.wr.SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[sge], send_flags=flags)
+            wr.set_wr_rdma(rkey, remote_addr)
+            local.keep.extend((sge, wr))
+            self.qp.post_send(wr)
 
     def to_rts(self) -> None:
         with _wrapped(self.pv, "QP to RTR/RTS"):

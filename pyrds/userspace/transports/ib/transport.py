@@ -21,17 +21,19 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
 from pyrds.addr import IPAddress
-from pyrds.constants import InfoConnectionFlag
+from pyrds.constants import ExtHeaderType, InfoConnectionFlag
 from pyrds.constants import Transport as TransportType
 from pyrds.userspace.proto import (
     CongMapDropped,
     CongMapReceived,
     DuplicateDropped,
+    ExtHeader,
     MessageReceived,
     NpathsNegotiated,
     PathState,
@@ -41,6 +43,7 @@ from pyrds.userspace.proto import (
     SendQueueFull,
 )
 from pyrds.userspace.stack.counters import count_receive_event
+from pyrds.userspace.stack.errors import StackError
 from pyrds.userspace.stack.ports import is_loopback, normalize
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
 from pyrds.userspace.stack.transport import (
@@ -52,9 +55,9 @@ from pyrds.userspace.stack.transport import (
     TcpSocketRow,
 )
 from pyrds.userspace.transports.ib.driver import ConnState, FdLoop
-from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked
+from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked, RdmaCompleted
 from pyrds.userspace.transports.ib.node import IbNode
-from pyrds.userspace.transports.ib.verbs import Verbs, VerbsError
+from pyrds.userspace.transports.ib.verbs import MemoryRegion, Verbs, VerbsError
 from pyrds.userspace.transports.ib.wire import RDS_IB_PORT
 
 __all__ = ["IbTransport"]
@@ -72,6 +75,17 @@ RDS_IB_MAX_SGE = 8
 _NO_GID = bytes(16)
 
 Key = tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]
+
+
+def _rdma_exthdrs(inc: Incoming, exthdrs: Iterable[ExtHeader]) -> None:
+    """``rds_recv_incoming_exthdrs``: RDS_EXTHDR_RDMA (the receiver's MR an op used) and
+    RDS_EXTHDR_RDMA_DEST (a cookie for the receiver's recvmsg)."""
+    for ext in exthdrs:
+        if ext.type == ExtHeaderType.RDMA:
+            inc.rdma_key = struct.unpack(">I", ext.body)[0]
+        elif ext.type == ExtHeaderType.RDMA_DEST:
+            key, offset = struct.unpack(">II", ext.body)
+            inc.rdma_cookie = key | offset << 32  # rds_rdma_make_cookie
 
 
 def _v4(ip: IPAddress) -> ipaddress.IPv4Address | None:
@@ -188,8 +202,12 @@ class IbTransport:
                     inc = Incoming(
                         peer, laddr, h.sport, h.dport, payload, h.sequence, 0, lat=(now, now, now, 0)
                     )
+                    if h.exthdr:
+                        _rdma_exthdrs(inc, h.exthdr)
                     if not host.deliver(inc):
                         host.counters["ib_recv_over_cap"] += 1
+                case RdmaCompleted(op=op, status=status, data=data):
+                    host.rdma_complete(op, status, data)
                 case CongMapReceived(map=cmap):
                     host.peer_cong_map(peer, cmap)
                 case PingReceived() | DuplicateDropped():
@@ -219,9 +237,14 @@ class IbTransport:
         node = self.nodes.get(laddr)
         if node is None:
             raise OSError(errno.EADDRNOTAVAIL, f"RDS/IB: {laddr} has no RDMA device")
+        exthdr: list[ExtHeader] = []
+        if msg.rdma is not None:  # rds_ib_xmit: the r_key of the op goes with the message
+            exthdr.append(ExtHeader.rdma(msg.rdma.rkey))
+        if msg.rdma_cookie:
+            exthdr.append(ExtHeader.rdma_dest(msg.rdma_cookie & 0xFFFFFFFF, msg.rdma_cookie >> 32))
         try:
             engine = node.engine(faddr)
-            seq = engine.queue(msg.sport, msg.dport, msg.payload)
+            seq = engine.queue(msg.sport, msg.dport, msg.payload, exthdr=exthdr, rdma=msg.rdma)
         except (ValueError, SendQueueFull) as exc:
             raise OSError(errno.ENOBUFS, f"RDS/IB: {exc}") from exc
         msg.seq = seq
@@ -231,6 +254,24 @@ class IbTransport:
             self._corked[(laddr, faddr)] = None
         else:
             node.connect(faddr)
+
+    def get_mr(self, laddr: IPAddress, faddr: IPAddress, length: int) -> MemoryRegion:
+        """``rds_ib_get_mr`` for a message to ``faddr``: ``length`` bytes registered for remote access on
+        that connection's queue pair (the kernel posts its FRWR registration there). No connection up:
+        ENODEV in the kernel, which ``rds_cmsg_send`` returns as EAGAIN after starting the connection."""
+        v4l, v4f = _v4(laddr), _v4(faddr)
+        node = self.nodes.get(v4l) if v4l is not None else None
+        if node is None or v4f is None:
+            raise StackError(errno.ENODEV)
+        conn = node.conns.get(v4f)
+        if conn is None or conn.state != ConnState.UP or conn.qp is None:
+            node.connect(v4f)  # rds_conn_connect_if_down
+            raise StackError(errno.EAGAIN)
+        try:
+            return conn.qp.reg_mr(length, remote=True)
+        except VerbsError as exc:
+            log.warning("RDS/IB %s->%s: MR registration of %d bytes failed: %s", laddr, faddr, length, exc)
+            raise StackError(errno.ENOMEM) from exc
 
     def cork(self) -> None:
         self._corked = {}
@@ -314,7 +355,7 @@ class IbTransport:
         sl always; GIDs, ring sizes, max_send_sge (and, in the kernel, the MR pool and cache figures) only
         while the connection is UP, zero otherwise (the kernel leaves those fields unwritten then). Our
         choices where the kernel's figure does not exist here (docs/userspace.md): rdma_mr_max and
-        rdma_mr_size 0 (no MR pool: RDMA is not implemented), cache_allocs 0 (receive buffers are one
+        rdma_mr_size 0 (no MR pool: each MR is registered on its own), cache_allocs 0 (receive buffers are one
         registered region, never allocated from a cache), sl = tos & 0xF (``TOS_TO_SL``)."""
         rows: list[RdmaConnectionRow] = []
         for laddr, node in self.nodes.items():

@@ -32,6 +32,7 @@ __all__ = [
     "CmEventKind",
     "CmId",
     "Completion",
+    "MemoryRegion",
     "ConnParams",
     "QpConfig",
     "QueuePair",
@@ -82,12 +83,15 @@ class WcStatus(enum.IntEnum):
 
     SUCCESS = 0
     WR_FLUSH_ERR = 5
+    REM_ACCESS_ERR = 10
 
 
 class WcOpcode(enum.IntEnum):
     """``ibv_wc_opcode``: SEND for a send completion; RECV (and RECV_RDMA_WITH_IMM) have bit 7 set."""
 
     SEND = 0
+    RDMA_WRITE = 1
+    RDMA_READ = 2
     RECV = 128
     RECV_RDMA_WITH_IMM = 129
 
@@ -144,6 +148,21 @@ class ConnParams:
     rnr_retry: int = 7
 
 
+class MemoryRegion(Protocol):
+    """A buffer the service owns, registered in the queue pair's protection domain. ``remote``: remotely
+    readable and writable at *zero-based* addresses (offset 0 = the first byte, as the kernel's FRWR MRs);
+    otherwise local only (the bounce buffer of an RDMA op). ``key`` is the r_key."""
+
+    @property
+    def key(self) -> int: ...
+
+    def read(self, offset: int, length: int) -> bytes: ...
+    def write(self, offset: int, data: bytes) -> None: ...
+
+    def close(self) -> None:
+        """Deregister and free (idempotent; a no-op once the queue pair is closed)."""
+
+
 class QueuePair(Protocol):
     """An RC QP with its CQ, completion channel and send/receive rings (see the module docstring)."""
 
@@ -178,6 +197,23 @@ class QueuePair(Protocol):
 
     def post_send(self, slot: int, wr_id: int, data: bytes, signaled: bool, solicited: bool) -> None:
         """Copy ``data`` (at most 48 + 4096 bytes) into send buffer ``slot`` and post one IBV_WR_SEND."""
+
+    def reg_mr(self, length: int, remote: bool) -> MemoryRegion:
+        """Register ``length`` bytes of new memory (see :class:`MemoryRegion`)."""
+        ...
+
+    def post_rdma(
+        self,
+        wr_id: int,
+        write: bool,
+        local: MemoryRegion,
+        length: int,
+        rkey: int,
+        remote_addr: int,
+        fence: bool,
+    ) -> None:
+        """Post one signalled IBV_WR_RDMA_WRITE (``local`` -> peer) or IBV_WR_RDMA_READ (peer -> ``local``) of
+        ``length`` bytes at ``remote_addr`` of the peer's region ``rkey``."""
 
     def read_recv(self, slot: int, length: int) -> bytes:
         """The first ``length`` bytes of receive buffer ``slot`` (``length`` <= the buffer size)."""

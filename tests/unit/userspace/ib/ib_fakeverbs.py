@@ -7,7 +7,9 @@ What it models of RC + rdma_cm, and nothing more:
   the oldest one; more bytes than a buffer holds is IB_WC_LOC_LEN_ERR (the test fails: the kernel would drop
   the connection); no buffer posted is an RNR NAK (the SEND waits on the wire and is retried);
 - in-order delivery of SENDs, each completing as ``recv_complete(header + fragment)``;
-- send completions only for signalled WRs, after the SEND was delivered, in posting order.
+- send completions only for signalled WRs, after the SEND was delivered, in posting order;
+- RDMA WRITE / READ work requests against the receiving side's ``regions`` (r_key -> bytearray, zero-based
+  addresses), in order with the SENDs; an unknown r_key or an access outside the region fails the test.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 
 from pyrds.userspace.transports.ib.engine import IbEngine
 from pyrds.userspace.transports.ib.events import IbEvent
-from pyrds.userspace.transports.ib.frag import SendWR
+from pyrds.userspace.transports.ib.frag import SendWR, WrKind
 from pyrds.userspace.transports.ib.wire import CM_PRIVATE_DATA_MAX, RECV_BUF_SIZE
 
 REQ_AREA = 56
@@ -40,6 +42,10 @@ class Side:
     events: list[IbEvent] = field(default_factory=list)
     frames: list[SendWR] = field(default_factory=list)  # every SEND this side received, in order
     rnr_waits: int = 0
+    #: fake registered memory of this side, by r_key (zero-based)
+    regions: dict[int, bytearray] = field(default_factory=dict)
+    #: RDMA ops of this side that completed: (op, bytes read)
+    rdma_done: list[tuple[object, bytes]] = field(default_factory=list)
 
 
 class FakeLink:
@@ -91,6 +97,17 @@ class FakeLink:
             side.rnr_waits += 1
             return None
         wr = side.wire_in.popleft()
+        if wr.kind == WrKind.RDMA:
+            op = wr.rdma
+            region = side.regions[op.rkey]
+            assert 0 <= op.remote_addr and op.remote_addr + op.nbytes <= len(region), "remote access error"
+            span = slice(op.remote_addr, op.remote_addr + op.nbytes)
+            if op.write:
+                region[span] = op.data
+            sender_side = self.peer(side)
+            sender_side.rdma_done.append((op, b"" if op.write else bytes(region[span])))
+            sender_side.engine.send_complete(wr.wr_id)
+            return wr
         data = wr.data
         assert len(data) <= RECV_BUF_SIZE, f"IB_WC_LOC_LEN_ERR: SEND of {len(data)} bytes"
         side.posted -= 1
@@ -147,6 +164,7 @@ class FakeFabric:
     def __init__(self) -> None:
         self._fds = itertools.count(1000)
         self._qpns = itertools.count(0x11)
+        self._rkeys = itertools.count(0x1000)
         self.listeners: dict[tuple[str, int], FakeCmId] = {}
         self.by_fd: dict[int, FakeChannel | FakeQP] = {}
         self.unreachable: set[str] = set()
@@ -340,6 +358,10 @@ class FakeQP:
         self.waiting: deque[tuple[FakeQP, int, int, bytes, bool]] = deque()  # SENDs waiting for a buffer
         self.sent: list[tuple[int, int, bytes, bool, bool]] = []  # (slot, wr_id, data, signaled, solicited)
         self.closed = False
+        #: registered memory (this QP's PD): r_key -> region
+        self.regions: dict[int, FakeRegion] = {}
+        self.rdma_posted: list[tuple[int, bool, int, int, int]] = []  # (wr_id, write, len, rkey, raddr)
+        self.broken = False
         fabric.qps.append(self)
 
     def fileno(self) -> int:
@@ -378,6 +400,9 @@ class FakeQP:
             raise VerbsError(f"post_send in {self.state}", 22)
         assert 0 <= slot < self.config.send_slots
         assert len(data) <= self.config.recv_buf_size, f"IB_WC_LOC_LEN_ERR: SEND of {len(data)} bytes"
+        if self.broken:
+            self.cq.append(Completion(wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.SEND, 0))
+            return
         self.sent.append((slot, wr_id, data, signaled, solicited))
         if self.peer is None:
             return
@@ -406,6 +431,46 @@ class FakeQP:
         n = len(data) if byte_len is None else byte_len
         self.cq.append(Completion(slot if wr_id is None else wr_id, status, opcode, n))
 
+    def reg_mr(self, length: int, remote: bool) -> FakeRegion:
+        assert not self.closed and length > 0
+        region = FakeRegion(self, next(self.fabric._rkeys), length, remote)
+        self.regions[region.key] = region
+        return region
+
+    def post_rdma(
+        self,
+        wr_id: int,
+        write: bool,
+        local: FakeRegion,
+        length: int,
+        rkey: int,
+        remote_addr: int,
+        fence: bool,
+    ) -> None:
+        """Done at once against the peer's region (so before any SEND posted after it, as RC orders them);
+        a bad r_key or range is a remote access error: the completion says so and the QP goes to ERR."""
+        assert not self.closed and local.qp is self and not local.closed and length <= local.length
+        if self.state != "RTS":
+            raise VerbsError(f"post_send in {self.state}", 22)
+        self.rdma_posted.append((wr_id, write, length, rkey, remote_addr))
+        opcode = WcOpcode.RDMA_WRITE if write else WcOpcode.RDMA_READ
+        target = self.peer.regions.get(rkey) if self.peer is not None else None
+        if (
+            target is None
+            or target.closed
+            or not target.remote
+            or remote_addr < 0
+            or remote_addr + length > target.length
+        ):
+            self.cq.append(Completion(wr_id, WcStatus.REM_ACCESS_ERR, opcode, 0))
+            self.broken = True  # what is posted after it is flushed, as the QP is in ERR by then
+            return
+        if write:
+            target.buf[remote_addr : remote_addr + length] = local.buf[:length]
+        else:
+            local.buf[:length] = target.buf[remote_addr : remote_addr + length]
+        self.cq.append(Completion(wr_id, WcStatus.SUCCESS, opcode, length))
+
     def read_recv(self, slot: int, length: int) -> bytes:
         assert 0 <= slot < self.config.recv_slots and 0 <= length <= self.config.recv_buf_size
         return self.bufs.get(slot, b"")[:length].ljust(length, b"\0")
@@ -416,6 +481,27 @@ class FakeQP:
 
     def close(self) -> None:
         self.closed = True
+
+
+class FakeRegion:
+    """Registered memory of a fake QP (zero-based; ``remote``: peers may read and write it)."""
+
+    def __init__(self, qp: FakeQP, key: int, length: int, remote: bool) -> None:
+        self.qp, self.key, self.length, self.remote = qp, key, length, remote
+        self.buf = bytearray(length)
+        self.closed = False
+
+    def read(self, offset: int, length: int) -> bytes:
+        assert not self.closed and 0 <= offset and offset + length <= self.length
+        return bytes(self.buf[offset : offset + length])
+
+    def write(self, offset: int, data: bytes) -> None:
+        assert not self.closed and 0 <= offset and offset + len(data) <= self.length
+        self.buf[offset : offset + len(data)] = data
+
+    def close(self) -> None:
+        self.closed = True
+        self.qp.regions.pop(self.key, None)
 
 
 class FakeLoop:

@@ -1,0 +1,402 @@
+"""RDMA on an RDS socket of an RDMA transport (net/rds/rdma.c, the cmsg parts of send.c and recv.c), sans-IO.
+
+What a socket of RDS/IB may put in a sendmsg, checked in the kernel's order and with its errnos:
+
+- :func:`rm_size` is ``rds_rm_size`` + ``rds_rdma_extra_size``: every SOL_RDS cmsg type known (else EINVAL),
+  an RDMA_ARGS' ``rds_iovec`` array read from the client (``nr_local`` 0 -> EINVAL, > UIO_MAXIOV -> EMSGSIZE,
+  unreadable -> EFAULT, an empty or wrapping vector -> EINVAL), (DEST, MAP) never with (ARGS, atomics).
+- :func:`cmsg_send` is ``rds_cmsg_send``: RDMA_ARGS (``rds_cmsg_rdma_args``), RDMA_DEST
+  (``rds_cmsg_rdma_dest``: the socket's MR of that r_key, else EINVAL), RDMA_MAP (``rds_cmsg_rdma_map``:
+  ``__rds_rdma_map``, the cookie written to the client's cookie address), in cmsg order, each at most once.
+  A failure after an MR was made frees it (``rds_rdma_unuse(force)`` at the end of ``rds_sendmsg``).
+
+The registered memory is the transport's (:class:`Region`: a buffer the service owns, registered with the
+device); the client's memory is reached through :class:`~pyrds.userspace.stack.memory.ClientMemory`. An MR
+covers whole pages, as the kernel pins them: [addr & ~4095, round_up(addr + bytes)); the cookie is
+``r_key | (addr & 4095) << 32`` (``rds_rdma_make_cookie``: the r_key in the low half) and remote addresses
+are offsets into the registered pages (the kernel's FRWR MRs are zero-based). The region gets the client's
+pages when it is mapped and again whenever the socket names it in an RDMA_DEST (the kernel's
+``sync_mr(DMA_TO_DEVICE)``); what the peer wrote into it goes back to the client when a message carrying the
+RDMA extension header for its r_key arrives (``rds_rdma_unuse`` -> ``sync_mr(DMA_FROM_DEVICE)``), only the
+bytes that differ from what the region held (:func:`changed_runs`), so the client's own writes elsewhere in
+those pages are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pyrds.constants import MSG_ZEROCOPY, SOL_RDS, CmsgType, RdmaFlag, RdmaStatus
+from pyrds.userspace.stack.errors import StackError
+from pyrds.userspace.stack.memory import MAX_ACCESS, ClientMemory
+
+__all__ = [
+    "ATOMIC_ARGS_SIZE",
+    "GET_MR_ARGS_SIZE",
+    "RDMA_ARGS_SIZE",
+    "MemRegion",
+    "Plan",
+    "RdmaOp",
+    "Region",
+    "changed_runs",
+    "cmsg_send",
+    "map_checks",
+    "rm_size",
+]
+
+PAGE = 4096
+UIO_MAXIOV = 1024
+RDS_MAX_MSG_SIZE = 1 << 20
+RDMA_ARGS_SIZE = 56
+GET_MR_ARGS_SIZE = 32
+ATOMIC_ARGS_SIZE = 72
+#: MRs per socket and bytes of local RDMA per op: our bounds (the kernel's are memlock and its MR pools)
+MAX_MRS_PER_SOCKET = 256
+MAX_OP_BYTES = MAX_ACCESS
+_U64 = (1 << 64) - 1
+_ATOMICS = (
+    CmsgType.RDS_CMSG_ATOMIC_FADD,
+    CmsgType.RDS_CMSG_ATOMIC_CSWP,
+    CmsgType.RDS_CMSG_MASKED_ATOMIC_FADD,
+    CmsgType.RDS_CMSG_MASKED_ATOMIC_CSWP,
+)
+
+
+class Region(Protocol):
+    """Memory a transport registered for remote access (``rds_ib_mr``): ``key`` is its r_key."""
+
+    @property
+    def key(self) -> int: ...
+
+    def read(self, offset: int, length: int) -> bytes: ...
+    def write(self, offset: int, data: bytes) -> None: ...
+    def close(self) -> None: ...
+
+
+#: ``get_mr(length) -> Region``; raises StackError (EAGAIN: the connection is not up yet)
+GetMr = Callable[[int], Region]
+
+
+class RegionGone(StackError):
+    """The transport's registration of an MR is gone (its connection's queue pair was destroyed: our MRs
+    live as long as the QP they were registered on); the MR is then forgotten, and naming it is EINVAL."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.EINVAL)
+
+
+def _region_io(fn: Callable[[], bytes | None]) -> bytes | None:
+    try:
+        return fn()
+    except StackError:
+        raise
+    except Exception as exc:  # the transport's error (VerbsError), or a closed buffer
+        raise RegionGone() from exc
+
+
+@dataclass(slots=True)
+class MemRegion:
+    """``struct rds_mr``: one of a socket's MRs."""
+
+    key: int
+    base: int  # client address of the first registered page
+    length: int  # whole pages
+    region: Region
+    use_once: bool = False
+    invalidate: bool = False
+    write: bool = False
+    #: the region's content as last synced from the client (what changed since is the peer's)
+    shadow: bytes = b""
+
+    def sync_to_device(self, mem: ClientMemory) -> None:
+        """The client's pages into the region (EFAULT if they are gone)."""
+        data = mem.read(self.base, self.length)
+        _region_io(lambda: self.region.write(0, data))
+        self.shadow = data
+
+    def sync_from_device(self, mem: ClientMemory) -> int:
+        """What the peer changed in the region back into the client's pages; returns the bytes written."""
+        now = _region_io(lambda: self.region.read(0, self.length)) or b""
+        n = 0
+        for start, end in changed_runs(self.shadow, now):
+            mem.write(self.base + start, now[start:end])
+            n += end - start
+        self.shadow = now
+        return n
+
+
+@dataclass(slots=True)
+class RdmaOp:
+    """``struct rm_rdma_op``: an RDMA READ or WRITE that goes out before its message."""
+
+    write: bool
+    rkey: int
+    remote_addr: int
+    nbytes: int
+    local: list[tuple[int, int]]  # the client's (addr, bytes) vectors
+    data: bytes = b""  # WRITE: the local bytes, read from the client when the message was sent
+    fence: bool = False
+    notify: bool = False
+    silent: bool = False
+    recverr: bool = False
+    token: int = 0
+    sock_id: int = 0
+    #: the notification went out already (never a second one for the op)
+    done: bool = False
+
+
+@dataclass(slots=True)
+class Plan:
+    """What :func:`rm_size` found: RDMA_ARGS' vectors (in cmsg order), the zerocopy cookie."""
+
+    vectors: list[list[tuple[int, int]]] = field(default_factory=list)
+    zcookie: int | None = None
+    any_rdma: bool = False
+
+
+def _pages(addr: int, nbytes: int) -> int:
+    """``rds_pages_in_vec``: 0 for an empty, wrapping or over-4-GiB vector."""
+    if addr + nbytes <= addr or nbytes > 0xFFFFFFFF or addr + nbytes > _U64:
+        return 0
+    return ((addr + nbytes + PAGE - 1) >> 12) - (addr >> 12)
+
+
+def _rdma_args(data: bytes) -> tuple[int, int, int, int, int, int, int]:
+    """(cookie, remote addr, remote bytes, local_vec_addr, nr_local, flags, user_token)"""
+    return struct.unpack_from("=QQQQQQQ", data)
+
+
+def rm_size(anc: Sequence[tuple[int, int, bytes]], flags: int, zcopy: bool, mem: ClientMemory) -> Plan:
+    """``rds_rm_size`` for a socket of an RDMA transport (see the module docstring)."""
+    plan = Plan()
+    groups = 0
+    has_cookie = False
+    for level, kind, data in anc:
+        if level != SOL_RDS:
+            continue
+        if kind == CmsgType.RDS_CMSG_RDMA_ARGS:
+            if len(data) < RDMA_ARGS_SIZE:
+                raise StackError(errno.EINVAL)
+            groups |= 1
+            plan.any_rdma = True
+            _c, _ra, _rb, vec_addr, nr_local, _f, _t = _rdma_args(data)
+            if nr_local == 0:
+                raise StackError(errno.EINVAL)
+            if nr_local > UIO_MAXIOV:
+                raise StackError(errno.EMSGSIZE)
+            raw = mem.read(vec_addr, nr_local * 16)
+            vecs = [struct.unpack_from("=QQ", raw, 16 * i) for i in range(nr_local)]
+            for addr, nbytes in vecs:
+                if _pages(addr, nbytes) == 0:
+                    raise StackError(errno.EINVAL)
+            plan.vectors.append([(int(a), int(b)) for a, b in vecs])
+        elif kind == CmsgType.RDS_CMSG_ZCOPY_COOKIE:
+            has_cookie = True
+            groups |= 2
+        elif kind in (CmsgType.RDS_CMSG_RDMA_DEST, CmsgType.RDS_CMSG_RDMA_MAP):
+            groups |= 2
+            plan.any_rdma = True
+        elif kind in _ATOMICS:
+            groups |= 1
+            plan.any_rdma = True
+        else:
+            raise StackError(errno.EINVAL)
+    if flags & MSG_ZEROCOPY and not has_cookie:
+        raise StackError(errno.EINVAL)
+    if groups == 3:
+        raise StackError(errno.EINVAL)
+    del zcopy  # MSG_ZEROCOPY on IB failed before (EOPNOTSUPP)
+    return plan
+
+
+def map_checks(addr: int, nbytes: int) -> int:
+    """``__rds_rdma_map``'s argument checks after the transport's: the number of pages, or EINVAL (address
+    overflow, nothing to map) / EMSGSIZE (more than RDS_MAX_MSG_SIZE plus a page)."""
+    end = addr + nbytes
+    if end > _U64 or ((end + PAGE - 1) & ~(PAGE - 1)) > _U64:
+        raise StackError(errno.EINVAL)
+    n = _pages(addr, nbytes)
+    if n == 0:
+        raise StackError(errno.EINVAL)
+    if n - 1 > RDS_MAX_MSG_SIZE >> 12:
+        raise StackError(errno.EMSGSIZE)
+    return n
+
+
+def make_mr(
+    addr: int, nbytes: int, flags: int, mem: ClientMemory, get_mr: GetMr, mrs: dict[int, MemRegion]
+) -> MemRegion:
+    """``__rds_rdma_map`` from its size checks on: pin (read the client's pages: EFAULT), register
+    (``get_mr``), remember. The caller writes the cookie and inserts the MR."""
+    npages = map_checks(addr, nbytes)
+    if len(mrs) >= MAX_MRS_PER_SOCKET:
+        raise StackError(errno.ENOMEM)
+    base = addr & ~(PAGE - 1)
+    length = npages * PAGE
+    data = mem.read(base, length)
+    region = get_mr(length)
+    try:
+        _region_io(lambda: region.write(0, data))
+    except StackError:
+        region.close()
+        raise
+    return MemRegion(
+        region.key,
+        base,
+        length,
+        region,
+        use_once=bool(flags & RdmaFlag.USE_ONCE),
+        invalidate=bool(flags & RdmaFlag.INVALIDATE),
+        write=bool(flags & RdmaFlag.READWRITE),
+        shadow=data,
+    )
+
+
+@dataclass(slots=True)
+class SendResult:
+    """What ``rds_cmsg_send`` put in the message."""
+
+    op: RdmaOp | None = None
+    cookie: int = 0  # m_rdma_cookie: goes to the peer as RDS_EXTHDR_RDMA_DEST
+    new_mr: MemRegion | None = None  # made by this send's RDMA_MAP (freed if the send fails later)
+
+
+def cmsg_send(
+    anc: Sequence[tuple[int, int, bytes]],
+    plan: Plan,
+    *,
+    sock_id: int,
+    recverr: bool,
+    mem: ClientMemory,
+    mrs: dict[int, MemRegion],
+    get_mr: GetMr,
+) -> SendResult:
+    """``rds_cmsg_send`` (see the module docstring). Atomics are refused with EOPNOTSUPP after the kernel's
+    own checks (not implemented here; the kernel's RDS/IB does them)."""
+    res = SendResult()
+    vec_index = 0
+    try:
+        for level, kind, data in anc:
+            if level != SOL_RDS:
+                continue
+            if kind == CmsgType.RDS_CMSG_RDMA_ARGS:
+                if res.op is not None:
+                    raise StackError(errno.EINVAL)
+                res.op = _rdma_op(data, plan.vectors[vec_index], sock_id, recverr, mem)
+                vec_index += 1
+            elif kind == CmsgType.RDS_CMSG_RDMA_DEST:
+                if len(data) < 8 or res.cookie:
+                    raise StackError(errno.EINVAL)
+                (cookie,) = struct.unpack_from("=Q", data)
+                res.cookie = cookie
+                mr = mrs.get(cookie & 0xFFFFFFFF)
+                if mr is None:
+                    raise StackError(errno.EINVAL)
+                try:
+                    mr.sync_to_device(mem)
+                except RegionGone:
+                    drop_mr(mrs, mr.key)
+                    raise
+            elif kind == CmsgType.RDS_CMSG_RDMA_MAP:
+                if len(data) < GET_MR_ARGS_SIZE or res.cookie:
+                    raise StackError(errno.EINVAL)
+                addr, nbytes, cookie_addr, flags = struct.unpack_from("=QQQQ", data)
+                mr = make_mr(addr, nbytes, flags, mem, get_mr, mrs)
+                cookie = mr.key | (addr & (PAGE - 1)) << 32
+                res.cookie = cookie
+                if cookie_addr:
+                    try:
+                        mem.write(cookie_addr, struct.pack("=Q", cookie))
+                    except StackError:
+                        mr.region.close()
+                        raise
+                mrs[mr.key] = mr
+                res.new_mr = mr
+            elif kind in _ATOMICS:
+                if len(data) < ATOMIC_ARGS_SIZE:
+                    raise StackError(errno.EINVAL)
+                local_addr = struct.unpack_from("=Q", data, 8)[0]
+                if local_addr & 7:
+                    raise StackError(errno.EFAULT)
+                mem.read(local_addr, 8)
+                raise StackError(errno.EOPNOTSUPP)
+    except StackError:
+        if res.new_mr is not None:
+            drop_mr(mrs, res.new_mr.key)
+        raise
+    return res
+
+
+def _rdma_op(
+    data: bytes, vecs: list[tuple[int, int]], sock_id: int, recverr: bool, mem: ClientMemory
+) -> RdmaOp:
+    """``rds_cmsg_rdma_args``: pin (read) the local vectors, the remote address from the cookie."""
+    cookie, raddr, rbytes, _vec_addr, nr_local, flags, token = _rdma_args(data)
+    if nr_local > UIO_MAXIOV:
+        raise StackError(errno.EMSGSIZE)
+    if len(vecs) != nr_local:
+        raise StackError(errno.EINVAL)
+    write = bool(flags & RdmaFlag.READWRITE)
+    nbytes = sum(b for _a, b in vecs)
+    if nbytes > MAX_OP_BYTES:
+        raise StackError(errno.ENOMEM)  # our bound on what is copied per op (the kernel pins any size)
+    chunks = [mem.read(a, b) for a, b in vecs]  # a READ's target must be there too (pinned for writing)
+    if nbytes > rbytes:
+        raise StackError(errno.EINVAL)
+    return RdmaOp(
+        write=write,
+        rkey=cookie & 0xFFFFFFFF,
+        remote_addr=(raddr + (cookie >> 32)) & _U64,
+        nbytes=nbytes,
+        local=list(vecs),
+        data=b"".join(chunks) if write else b"",
+        fence=bool(flags & RdmaFlag.FENCE),
+        notify=bool(flags & RdmaFlag.NOTIFY_ME),
+        silent=bool(flags & RdmaFlag.SILENT),
+        recverr=recverr,
+        token=token,
+        sock_id=sock_id,
+    )
+
+
+def drop_mr(mrs: dict[int, MemRegion], key: int) -> MemRegion | None:
+    """Forget MR ``key`` and release its registration (``rds_destroy_mr``)."""
+    mr = mrs.pop(key, None)
+    if mr is not None:
+        with contextlib.suppress(Exception):  # a registration its QP took along already
+            mr.region.close()
+    return mr
+
+
+def scatter(op: RdmaOp, data: bytes, mem: ClientMemory) -> None:
+    """A completed READ: its bytes into the client's local vectors, in order."""
+    off = 0
+    for addr, nbytes in op.local:
+        mem.write(addr, data[off : off + nbytes])
+        off += nbytes
+
+
+def notify_status(wc_ok: bool, remote_access: bool) -> int:
+    """``rds_ib_send_complete``'s status for a completion (a flush notifies nothing: the caller's job)."""
+    if wc_ok:
+        return int(RdmaStatus.SUCCESS)
+    return int(RdmaStatus.REMOTE_ERROR if remote_access else RdmaStatus.OTHER_ERROR)
+
+
+def changed_runs(old: bytes, new: bytes, chunk: int = PAGE) -> Iterator[tuple[int, int]]:
+    """[start, end) runs where ``new`` differs from ``old`` (same length), at most one per ``chunk``: from
+    the first to the last differing byte of each chunk that changed."""
+    for off in range(0, len(new), chunk):
+        a, b = old[off : off + chunk], new[off : off + chunk]
+        if a == b:
+            continue
+        x = int.from_bytes(a, "big") ^ int.from_bytes(b, "big")
+        n = len(b)
+        last = n - 1 - ((x & -x).bit_length() - 1) // 8
+        first = n - (x.bit_length() + 7) // 8
+        yield off + first, off + last + 1
