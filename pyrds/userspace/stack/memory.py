@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
+from typing import Any
 
 from pyrds.userspace.stack.errors import StackError
 
@@ -36,19 +38,22 @@ class _IoVec(ctypes.Structure):
     _fields_ = (("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t))
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_readv = _libc.process_vm_readv
-_writev = _libc.process_vm_writev
-for _fn in (_readv, _writev):
-    _fn.restype = ctypes.c_ssize_t
-    _fn.argtypes = (
-        ctypes.c_int,
-        ctypes.POINTER(_IoVec),
-        ctypes.c_ulong,
-        ctypes.POINTER(_IoVec),
-        ctypes.c_ulong,
-        ctypes.c_ulong,
-    )
+@functools.cache
+def _calls() -> tuple[Any, Any]:
+    """libc's process_vm_readv and process_vm_writev, typed; looked up on first use, not at import."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fns = (libc.process_vm_readv, libc.process_vm_writev)
+    for fn in fns:
+        fn.restype = ctypes.c_ssize_t
+        fn.argtypes = (
+            ctypes.c_int,
+            ctypes.POINTER(_IoVec),
+            ctypes.c_ulong,
+            ctypes.POINTER(_IoVec),
+            ctypes.c_ulong,
+            ctypes.c_ulong,
+        )
+    return fns
 
 
 def _check_range(addr: int, length: int) -> None:
@@ -87,7 +92,7 @@ class ClientMemory:
         buf = ctypes.create_string_buffer(length)
         local = _IoVec(ctypes.cast(buf, ctypes.c_void_p), length)
         remote = _IoVec(addr, length)
-        n = _readv(self.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        n = _calls()[0](self.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
         if n != length:
             raise StackError(errno.EFAULT)
         return buf.raw
@@ -103,7 +108,7 @@ class ClientMemory:
         buf = ctypes.create_string_buffer(bytes(data), length)
         local = _IoVec(ctypes.cast(buf, ctypes.c_void_p), length)
         remote = _IoVec(addr, length)
-        n = _writev(self.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        n = _calls()[1](self.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
         if n != length:
             raise StackError(errno.EFAULT)
 
