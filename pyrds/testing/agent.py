@@ -13,6 +13,12 @@ by a pickled tuple. Request ``(op, *args)``; reply ``("ok", value)``, ``("oserro
 - ``job(func, handles, kwargs) -> job id``: runs ``"module:function"(sockets, **kwargs)`` in a thread (bulk
   workloads that must not pay one RPC per message); ``wait(job id, timeout) -> result`` (re-raises its error);
 - ``write_file(path, text)`` / ``read_file(path)``: sysctls as seen from the agent's namespace;
+- ``mem_alloc(size) -> (handle, address)``, ``mem_read(handle, offset, length) -> bytes``,
+  ``mem_write(handle, offset, data)``, ``mem_free(handle)``: page-aligned anonymous memory in the agent, for
+  RDMA (the addresses in RDMA cmsgs name memory of the process that owns the socket): at most
+  :data:`MEM_MAX` bytes a buffer and :data:`MEM_TOTAL` in all, every access inside its buffer (ValueError
+  otherwise, TypeError for a wrong type, KeyError for an unknown handle); ``close_all`` frees them after
+  closing the sockets;
 - ``exit``.
 
 The agent is trusted test code (pickle over a private pipe); it is not a network service.
@@ -32,6 +38,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
 _HDR = struct.Struct(">I")
+#: the largest agent buffer (an RDMA region is at most 1 MiB + a page) and all of an agent's buffers together
+MEM_MAX = 4 << 20
+MEM_TOTAL = 32 << 20
 
 
 def _write_frame(stream: BinaryIO, obj: Any) -> None:
@@ -89,10 +98,41 @@ class _Job:
             self.error = exc
 
 
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    if type(value) is not int:
+        raise TypeError(f"{name} must be int, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} {value} is not in [{low}, {high}]")
+    return value
+
+
+class _Buffer:
+    """An anonymous mapping and the ctypes view that gives its address (released by :meth:`release`)."""
+
+    def __init__(self, size: int) -> None:
+        import ctypes
+        import mmap
+
+        self.size = size
+        self.map: Any = mmap.mmap(-1, size)
+        self.view: Any = (ctypes.c_char * size).from_buffer(self.map)
+        self.addr: int = ctypes.addressof(self.view)
+
+    def span(self, offset: Any, length: Any) -> tuple[int, int]:
+        offset = _check_int("offset", offset, 0, self.size)
+        length = _check_int("length", length, 0, self.size - offset)
+        return offset, offset + length
+
+    def release(self) -> None:
+        self.view = None  # the export must go before the mapping can close
+        self.map.close()
+
+
 class _AgentServer:
     def __init__(self) -> None:
         self.socks: dict[int, Any] = {}
         self.jobs: dict[int, _Job] = {}
+        self.buffers: dict[int, _Buffer] = {}
         self.next_id = 1
 
     def op_socket(self, backend: str) -> int:
@@ -125,6 +165,9 @@ class _AgentServer:
             except OSError:
                 pass
         self.socks.clear()
+        for buf in self.buffers.values():
+            buf.release()
+        self.buffers.clear()
 
     def op_job(self, func: str, handles: Sequence[int], kwargs: dict[str, Any]) -> int:
         jid = self.next_id
@@ -152,6 +195,32 @@ class _AgentServer:
 
     def op_getpid(self) -> int:
         return os.getpid()
+
+    def op_mem_alloc(self, size: Any) -> tuple[int, int]:
+        size = _check_int("size", size, 1, MEM_MAX)
+        held = sum(b.size for b in self.buffers.values())
+        if held + size > MEM_TOTAL:
+            raise ValueError(f"{size} more bytes would exceed the agent's {MEM_TOTAL} ({held} held)")
+        buf = _Buffer(size)
+        bid = self.next_id
+        self.next_id += 1
+        self.buffers[bid] = buf
+        return bid, buf.addr
+
+    def op_mem_read(self, bid: int, offset: Any, length: Any) -> bytes:
+        buf = self.buffers[bid]
+        start, end = buf.span(offset, length)
+        return bytes(buf.map[start:end])
+
+    def op_mem_write(self, bid: int, offset: Any, data: Any) -> None:
+        buf = self.buffers[bid]
+        if type(data) is not bytes:
+            raise TypeError(f"data must be bytes, not {type(data).__name__}")
+        start, end = buf.span(offset, len(data))
+        buf.map[start:end] = data
+
+    def op_mem_free(self, bid: int) -> None:
+        self.buffers.pop(bid).release()
 
 
 def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
@@ -248,6 +317,11 @@ class Agent:
     def wait(self, jid: int, timeout: float | None = None) -> Any:
         return self.request("wait", jid, timeout)
 
+    def mem_alloc(self, size: int) -> AgentBuffer:
+        """``size`` bytes of page-aligned memory in the agent (zeroed), e.g. for an RDMA region."""
+        bid, addr = self.request("mem_alloc", size)
+        return AgentBuffer(self, bid, addr, size)
+
     def close(self) -> None:
         if self.proc.poll() is None and not self.broken:
             try:
@@ -262,6 +336,31 @@ class Agent:
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+class AgentBuffer:
+    """Memory in an agent (:meth:`Agent.mem_alloc`): ``addr`` is its address in the agent's process, the one
+    to put in the cmsgs of that agent's sockets."""
+
+    def __init__(self, agent: Agent, handle: int, addr: int, size: int) -> None:
+        self.agent = agent
+        self.handle = handle
+        self.addr = addr
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"<AgentBuffer {self.agent.name} {self.size} bytes at {self.addr:#x}>"
+
+    def read(self, offset: int = 0, length: int | None = None) -> bytes:
+        n = self.size - offset if length is None else length
+        data: bytes = self.agent.request("mem_read", self.handle, offset, n)
+        return data
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.agent.request("mem_write", self.handle, offset, bytes(data))
+
+    def free(self) -> None:
+        self.agent.request("mem_free", self.handle)
 
 
 class RemoteSocket:
