@@ -377,10 +377,11 @@ def test_ib_rdma_free_mr(rds_ib_pair, rds_observe, case):
     The kernel's MR is released only when its last reference goes, and the map message holds one until the
     peer acks it (rds_message_purge); the ack travels on A's next message. Then RDS_RDMA_INVALIDATE flushes
     the MR pool (the r_key is invalidated); without it the freed FRWR MR keeps its r_key until a later pool
-    flush (our reading of rdma.c, message.c, ib_rdma.c, ib_frmr.c). 7.3 with the map unacked (the first
-    guest run, before the ack step): SUCCESS, the write landed in B's buffer. The userspace stack
-    deregisters at RDS_FREE_MR in every case. Asserted: only that "invalidate" gives an error status and
-    leaves B's buffer alone."""
+    flush (our reading of rdma.c, message.c, ib_rdma.c, ib_frmr.c). Seen on 7.3.4 (kernel-kernel, the second
+    guest run; the unacked cases in the first too): "invalidate" REMOTE_ERROR; "no-invalidate" and
+    "invalidate-unacked" SUCCESS, the write in B's freed region. The userspace stack deregisters at
+    RDS_FREE_MR in every case (REMOTE_ERROR): the other two are accepted divergences. Asserted: only that
+    "invalidate" gives an error status and leaves B's buffer alone."""
     if rds_ib_pair.label in NO_ERRORS_ON:
         pytest.skip(NO_ERRORS_ON[rds_ib_pair.label])
     flags, acked = FREE_CASES[case]
