@@ -6,7 +6,7 @@ import errno
 import socket
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pyrds import cmsg as builders
 from pyrds.constants import MSG_ZEROCOPY, SOL_RDS, CmsgType
@@ -16,22 +16,26 @@ from pyrds.userspace.stack.sockstate import Incoming, SockState
 _HDR = 16  # sizeof(struct cmsghdr) on 64-bit
 RDMA_ARGS_SIZE = 56
 ATOMIC_ARGS_SIZE = 72
-_ATOMICS = (
+ATOMICS = (
     CmsgType.RDS_CMSG_ATOMIC_FADD,
     CmsgType.RDS_CMSG_ATOMIC_CSWP,
     CmsgType.RDS_CMSG_MASKED_ATOMIC_FADD,
     CmsgType.RDS_CMSG_MASKED_ATOMIC_CSWP,
 )
 
-def check_send(anc: Sequence[tuple[int, int, bytes]], flags: int, zcopy: bool) -> int | None:
-    """rds_rdma_bytes + rds_rm_size + rds_cmsg_send for a transport without RDMA (TCP/loop).
+def scan_cmsgs(
+    anc: Sequence[tuple[int, int, bytes]], flags: int, on_rdma_args: Callable[[bytes], None] | None = None
+) -> bool:
+    """``rds_rm_size``'s walk over a sendmsg's SOL_RDS cmsgs, shared by every transport.
 
-    Returns the zerocopy cookie (or None); raises :class:`StackError` with the kernel's errno.
+    Unknown types, a short RDMA_ARGS, MSG_ZEROCOPY without a cookie, and RDMA/atomic ops mixed with a
+    cookie, MAP or DEST are EINVAL (:class:`StackError`). ``on_rdma_args`` sees each RDMA_ARGS payload in
+    order (an RDMA transport sizes its vectors there, so its errors come where the kernel's do). Returns
+    whether any RDMA or atomic cmsg was present.
     """
     groups = 0
     has_cookie = False
-    rdma_or_atomic = False
-    cookie: int | None = None
+    any_rdma = False
     for level, kind, data in anc:
         if level != SOL_RDS:
             continue
@@ -39,20 +43,35 @@ def check_send(anc: Sequence[tuple[int, int, bytes]], flags: int, zcopy: bool) -
             if len(data) < RDMA_ARGS_SIZE:
                 raise StackError(errno.EINVAL)
             groups |= 1
-            rdma_or_atomic = True
+            any_rdma = True
+            if on_rdma_args is not None:
+                on_rdma_args(data)
         elif kind == CmsgType.RDS_CMSG_ZCOPY_COOKIE:
             has_cookie = True
             groups |= 2
         elif kind in (CmsgType.RDS_CMSG_RDMA_DEST, CmsgType.RDS_CMSG_RDMA_MAP):
             groups |= 2
-        elif kind in _ATOMICS:
+            any_rdma = True
+        elif kind in ATOMICS:
             groups |= 1
+            any_rdma = True
         else:
             raise StackError(errno.EINVAL)
     if flags & MSG_ZEROCOPY and not has_cookie:
         raise StackError(errno.EINVAL)
     if groups == 3:
         raise StackError(errno.EINVAL)
+    return any_rdma
+
+
+def check_send(anc: Sequence[tuple[int, int, bytes]], flags: int, zcopy: bool) -> int | None:
+    """rds_rdma_bytes + rds_rm_size + rds_cmsg_send for a transport without RDMA (TCP/loop).
+
+    Returns the zerocopy cookie (or None); raises :class:`StackError` with the kernel's errno.
+    """
+    # DEST and MAP raise below before an RDMA op could count, so "any RDMA" here means ARGS or an atomic
+    rdma_or_atomic = scan_cmsgs(anc, flags)
+    cookie: int | None = None
     for level, kind, data in anc:
         if level != SOL_RDS:
             continue
@@ -60,7 +79,7 @@ def check_send(anc: Sequence[tuple[int, int, bytes]], flags: int, zcopy: bool) -
             raise StackError(errno.EINVAL)  # no MR with that r_key can exist without an RDMA transport
         if kind == CmsgType.RDS_CMSG_RDMA_MAP:
             raise StackError(errno.EOPNOTSUPP)  # rds_get_mr: transport has no get_mr
-        if kind in _ATOMICS:
+        if kind in ATOMICS:
             if len(data) < ATOMIC_ARGS_SIZE:
                 raise StackError(errno.EINVAL)
             rdma_or_atomic = True

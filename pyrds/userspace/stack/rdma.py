@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pyrds.constants import MSG_ZEROCOPY, SOL_RDS, CmsgType, RdmaFlag, RdmaStatus
+from pyrds.constants import SOL_RDS, CmsgType, RdmaFlag, RdmaStatus
+from pyrds.userspace.stack.ancillary import ATOMIC_ARGS_SIZE, ATOMICS, RDMA_ARGS_SIZE, scan_cmsgs
 from pyrds.userspace.stack.errors import StackError
 from pyrds.userspace.stack.memory import MAX_ACCESS, ClientMemory
 
@@ -52,19 +53,11 @@ __all__ = [
 PAGE = 4096
 UIO_MAXIOV = 1024
 RDS_MAX_MSG_SIZE = 1 << 20
-RDMA_ARGS_SIZE = 56
 GET_MR_ARGS_SIZE = 32
-ATOMIC_ARGS_SIZE = 72
 #: MRs per socket and bytes of local RDMA per op: our bounds (the kernel's are memlock and its MR pools)
 MAX_MRS_PER_SOCKET = 256
 MAX_OP_BYTES = MAX_ACCESS
 _U64 = (1 << 64) - 1
-_ATOMICS = (
-    CmsgType.RDS_CMSG_ATOMIC_FADD,
-    CmsgType.RDS_CMSG_ATOMIC_CSWP,
-    CmsgType.RDS_CMSG_MASKED_ATOMIC_FADD,
-    CmsgType.RDS_CMSG_MASKED_ATOMIC_CSWP,
-)
 
 
 class Region(Protocol):
@@ -174,42 +167,21 @@ def _rdma_args(data: bytes) -> tuple[int, int, int, int, int, int, int]:
 def rm_size(anc: Sequence[tuple[int, int, bytes]], flags: int, zcopy: bool, mem: ClientMemory) -> Plan:
     """``rds_rm_size`` for a socket of an RDMA transport (see the module docstring)."""
     plan = Plan()
-    groups = 0
-    has_cookie = False
-    for level, kind, data in anc:
-        if level != SOL_RDS:
-            continue
-        if kind == CmsgType.RDS_CMSG_RDMA_ARGS:
-            if len(data) < RDMA_ARGS_SIZE:
-                raise StackError(errno.EINVAL)
-            groups |= 1
-            plan.any_rdma = True
-            _c, _ra, _rb, vec_addr, nr_local, _f, _t = _rdma_args(data)
-            if nr_local == 0:
-                raise StackError(errno.EINVAL)
-            if nr_local > UIO_MAXIOV:
-                raise StackError(errno.EMSGSIZE)
-            raw = mem.read(vec_addr, nr_local * 16)
-            vecs = [struct.unpack_from("=QQ", raw, 16 * i) for i in range(nr_local)]
-            for addr, nbytes in vecs:
-                if _pages(addr, nbytes) == 0:
-                    raise StackError(errno.EINVAL)
-            plan.vectors.append([(int(a), int(b)) for a, b in vecs])
-        elif kind == CmsgType.RDS_CMSG_ZCOPY_COOKIE:
-            has_cookie = True
-            groups |= 2
-        elif kind in (CmsgType.RDS_CMSG_RDMA_DEST, CmsgType.RDS_CMSG_RDMA_MAP):
-            groups |= 2
-            plan.any_rdma = True
-        elif kind in _ATOMICS:
-            groups |= 1
-            plan.any_rdma = True
-        else:
+
+    def size_vectors(data: bytes) -> None:
+        _c, _ra, _rb, vec_addr, nr_local, _f, _t = _rdma_args(data)
+        if nr_local == 0:
             raise StackError(errno.EINVAL)
-    if flags & MSG_ZEROCOPY and not has_cookie:
-        raise StackError(errno.EINVAL)
-    if groups == 3:
-        raise StackError(errno.EINVAL)
+        if nr_local > UIO_MAXIOV:
+            raise StackError(errno.EMSGSIZE)
+        raw = mem.read(vec_addr, nr_local * 16)
+        vecs = [struct.unpack_from("=QQ", raw, 16 * i) for i in range(nr_local)]
+        for addr, nbytes in vecs:
+            if _pages(addr, nbytes) == 0:
+                raise StackError(errno.EINVAL)
+        plan.vectors.append([(int(a), int(b)) for a, b in vecs])
+
+    plan.any_rdma = scan_cmsgs(anc, flags, size_vectors)
     del zcopy  # MSG_ZEROCOPY on IB failed before (EOPNOTSUPP)
     return plan
 
@@ -317,7 +289,7 @@ def cmsg_send(
                         raise
                 mrs[mr.key] = mr
                 res.new_mr = mr
-            elif kind in _ATOMICS:
+            elif kind in ATOMICS:
                 if len(data) < ATOMIC_ARGS_SIZE:
                     raise StackError(errno.EINVAL)
                 local_addr = struct.unpack_from("=Q", data, 8)[0]

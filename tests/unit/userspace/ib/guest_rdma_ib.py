@@ -34,6 +34,9 @@ from typing import Any
 
 sys.path.insert(0, os.getcwd())
 
+# the script's own directory is on sys.path: one logged shell helper for both guest scripts
+from guest_socket_ib import sh  # noqa: E402
+
 import pyrds  # noqa: E402
 from pyrds import cmsg, uapi  # noqa: E402
 from pyrds.constants import SOL_RDS, RdmaFlag, RdmaStatus, SockOpt  # noqa: E402
@@ -47,14 +50,6 @@ TIMEOUT = 60.0
 KEEP: list[Any] = []
 RESULTS: list[bool] = []
 LOGS: list[str] = []
-
-
-def sh(*cmd: str, check: bool = True) -> None:
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    out = (r.stdout + r.stderr).strip()
-    print(f"$ {' '.join(cmd)} -> {r.returncode}{(chr(10) + out) if out else ''}", flush=True)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"{cmd} failed")
 
 
 def check(ok: bool, what: str) -> None:
