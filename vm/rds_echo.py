@@ -1,9 +1,13 @@
-"""Tiny stdlib AF_RDS echo peer and client for the two-guests topology (kernel RDS, no pyrds imports).
+"""Tiny AF_RDS echo peer and client for the two-guests topology (kernel RDS through the stdlib socket;
+pyrds is imported only for ``--backend userspace``).
 
 Guest B: ``python3 -m vm.rds_echo serve`` (binds $PYRDS_LOCAL_ADDR:PORT, echoes every message back).
 Guest A: ``python3 -m vm.rds_echo client --count 1000 --size 1024`` (sends to $PYRDS_PEER_ADDR:PORT,
 waits for each echo, prints msg/s and MB/s; exit 0 only if every echo came back intact).
 ``--transport tcp|ib`` sets SO_RDS_TRANSPORT before bind (default: tcp; with rxe up the kernel would pick IB).
+``--backend userspace`` makes the socket with ``pyrds.socket("userspace")`` (the guest's userspace stack;
+for IB it listens on rdma_cm port 18634 only while rds_rdma is not loaded in that guest, so the caller
+unloads it first: a kernel in the other guest then dials the userspace node).
 """
 
 from __future__ import annotations
@@ -21,16 +25,21 @@ TRANSPORTS = {"ib": 0, "tcp": 2}
 PORT = 4000
 
 
-def rds_socket(addr: str, port: int, transport: str) -> socket.socket:
-    s = socket.socket(AF_RDS, socket.SOCK_SEQPACKET)
+def rds_socket(addr: str, port: int, transport: str, backend: str = "kernel") -> socket.socket:
+    if backend == "userspace":
+        import pyrds  # noqa: PLC0415 - only this mode needs pyrds (and, for IB, pyverbs) in the guest
+
+        s: socket.socket = pyrds.socket("userspace")  # type: ignore[assignment]
+    else:
+        s = socket.socket(AF_RDS, socket.SOCK_SEQPACKET)
     s.setsockopt(SOL_RDS, SO_RDS_TRANSPORT, TRANSPORTS[transport])
     s.bind((addr, port))
     return s
 
 
-def serve(addr: str, port: int, transport: str) -> int:
-    s = rds_socket(addr, port, transport)
-    print(f"rds_echo: serving on {addr}:{port} ({transport})", file=sys.stderr, flush=True)
+def serve(addr: str, port: int, transport: str, backend: str = "kernel") -> int:
+    s = rds_socket(addr, port, transport, backend)
+    print(f"rds_echo: serving on {addr}:{port} ({transport}, {backend})", file=sys.stderr, flush=True)
     while True:
         data, peer = s.recvfrom(1 << 20)
         while True:
@@ -62,8 +71,17 @@ def warm_up(s: socket.socket, peer: str, port: int, timeout: float, tries: int) 
     return 0
 
 
-def client(addr: str, peer: str, port: int, transport: str, count: int, size: int, timeout: float) -> int:
-    s = rds_socket(addr, port + 1, transport)
+def client(
+    addr: str,
+    peer: str,
+    port: int,
+    transport: str,
+    count: int,
+    size: int,
+    timeout: float,
+    backend: str = "kernel",
+) -> int:
+    s = rds_socket(addr, port + 1, transport, backend)
     s.settimeout(timeout)
     tries = warm_up(s, peer, port, timeout, 3)
     if not tries:
@@ -88,7 +106,7 @@ def client(addr: str, peer: str, port: int, transport: str, count: int, size: in
             return 1
     dt = time.monotonic() - t0
     print(
-        f"rds_echo: {count} x {size} B round trips over {transport} in {dt:.2f} s: "
+        f"rds_echo: {count} x {size} B round trips over {transport} ({backend} client) in {dt:.2f} s: "
         f"{count / dt:.0f} msg/s, {2 * count * size / dt / 1e6:.2f} MB/s both ways"
     )
     return 0
@@ -104,10 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=1000)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--timeout", type=float, default=10.0)
+    ap.add_argument("--backend", choices=("kernel", "userspace"), default="kernel")
     args = ap.parse_args(argv)
     if args.mode == "serve":
-        return serve(args.addr, args.port, args.transport)
-    return client(args.addr, args.peer, args.port, args.transport, args.count, args.size, args.timeout)
+        return serve(args.addr, args.port, args.transport, args.backend)
+    return client(
+        args.addr, args.peer, args.port, args.transport, args.count, args.size, args.timeout, args.backend
+    )
 
 
 if __name__ == "__main__":

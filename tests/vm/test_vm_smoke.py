@@ -105,3 +105,35 @@ def test_two_guests_rds_echo(transport: str) -> None:
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"round trips over {transport}" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("server", "client"),
+    [("userspace", "kernel"), ("kernel", "userspace")],
+    ids=["kernel-to-userspace", "userspace-to-kernel"],
+)
+def test_two_guests_ib_mixed(server: str, client: str) -> None:
+    """RDS/IB over rdma_rxe between a kernel node and a userspace node, each in its own guest: the client
+    dials, so ``kernel-to-userspace`` is the kernel's rds_rdma connecting to the userspace stack's rdma_cm
+    listener (port 18634), which one machine cannot host (tests/conformance/test_ib.py reports it as not
+    covered). The userspace guest unloads rds_rdma first (while the kernel's rds_rdma is loaded, port 18634
+    is the kernel's and the userspace stack is active-only); the echo client fails on any lost or corrupted
+    round trip."""
+
+    def cmd(role: str, backend: str) -> str:
+        unload = "modprobe -r rds_rdma && " if backend == "userspace" else ""
+        return f"{unload}exec python3 -m vm.rds_echo {role} --transport ib --backend {backend}"
+
+    res = _vm(
+        "--topology",
+        "two-guests",
+        "--peer-cmd",
+        f"sh -c '{cmd('serve', server)}'",
+        "--",
+        "sh",
+        "-c",
+        cmd("client", client) + " --count 40 --size 65536 --timeout 30",
+        timeout=1200,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"40 x 65536 B round trips over ib ({client} client)" in res.stdout
