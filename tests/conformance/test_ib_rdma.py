@@ -156,6 +156,24 @@ def _map(owner: Side, peer: Side, addr: int, size: int, flags: int) -> int:
     return int(cookie)
 
 
+#: the RDMA_STATUS of an op that ends in a remote access error is one of these, by a race in the kernel:
+#: REMOTE_ERROR when the send completion (IB_WC_REM_ACCESS_ERR) is handled first, DROPPED when the connection
+#: reset got there first (rds_send_reset marks the unacked message RETRANSMITTED, and rds_send_xmit drops a
+#: message with an RDMA op instead of retransmitting it). Seen: DROPPED once, 7.3.4 kernel-kernel
+#: use_once_twice on a machine running three TCG guests (2026-11-27); REMOTE_ERROR in every other run. The
+#: userspace stack can report either for the same reason (transports/ib/engine.py).
+ERROR_STATUSES = ("REMOTE_ERROR", "DROPPED")
+
+
+def _error_class(status: str) -> str:
+    """``status`` for the report: either error of :data:`ERROR_STATUSES` as one outcome (the scenario records
+    the kernel's behaviour, not which side of its race a busy machine hit); anything else unchanged."""
+    token, _, name = status.rpartition(" ")
+    if status.startswith("token ") and name in ERROR_STATUSES:
+        return f"{token} an error (REMOTE_ERROR or DROPPED)"
+    return status
+
+
 def _status(sock: Any, timeout: float = RECV_TIMEOUT) -> str:
     """The next RDMA_STATUS on ``sock``: its token and status name; what came instead, or that none did."""
     sock.settimeout(timeout)
@@ -236,7 +254,7 @@ def test_ib_rdma_write(rds_ib_pair, rds_observe, requester):
     rds_observe("delivered", f"{got!r} {_names(anc)}")
     rds_observe("target", view)
     status = _status(req.sock)
-    rds_observe("status", status)
+    rds_observe("status", _error_class(status))
     assert got == b"wrote" and not anc, (got, anc)
     assert view == "region holds the data, nothing else changed", view
     assert status == "token 77 SUCCESS", status
@@ -267,7 +285,7 @@ def test_ib_rdma_read(rds_ib_pair, rds_observe, requester):
     rest = now[len(want) :] == bytes([LOCAL_FILL]) * (len(now) - len(want))
     local_view = f"{vectors}, {'the rest untouched' if rest else 'the rest changed'}"
     rds_observe("delivered", f"{got!r} {_names(got_anc)}")
-    rds_observe("status", status)
+    rds_observe("status", _error_class(status))
     rds_observe("local", local_view)
     assert got == b"read" and not got_anc, (got, got_anc)
     assert status == "token 78 SUCCESS", status
@@ -331,7 +349,7 @@ def test_ib_rdma_use_once(rds_ib_pair, rds_observe):
     a, b = _sides(rds_ib_pair)
     _target, _local, cookie, _data, status = _use_once(a, b)
     freed = _free(b, cookie)
-    rds_observe("status", status)
+    rds_observe("status", _error_class(status))
     rds_observe("free_mr_after_use", freed)
     assert status == "token 5 SUCCESS", status
     assert freed == "EINVAL", freed
@@ -352,7 +370,7 @@ def test_ib_rdma_use_once_twice(rds_ib_pair, rds_observe):
     _write(a, b, cookie, local.addr, SMALL, b"twice", 6)
     status = _status(a.sock)
     view = _region_view(target, OFFSET, FILL, {"the first write": data, "the second write": second})
-    rds_observe("second_status", status)
+    rds_observe("second_status", _error_class(status))
     rds_observe("target", view)
     rds_observe("after", _reconnected(a, b))
     assert status.startswith("token 6 ") and not status.endswith(" SUCCESS"), status
@@ -400,7 +418,7 @@ def test_ib_rdma_free_mr(rds_ib_pair, rds_observe, case):
     status = _status(a.sock)
     view = _region_view(target, OFFSET, FILL, {"its fill": bytes([FILL]) * SMALL, "the write": written})
     rds_observe("free_mr", f"{freed}, then {again}")
-    rds_observe("status", status)
+    rds_observe("status", _error_class(status))
     rds_observe("target", view)
     rds_observe("after", _reconnected(a, b))
     assert (freed, again) == ("ok", "EINVAL"), (freed, again)
