@@ -244,6 +244,17 @@ def recv_record(sock: socket.socket, want_fds: int = 0) -> tuple[Buffer, list[in
         parts.append(bytes(view[1:]))
 
 
+def request(
+    sock: socket.socket, op: int, args: Any, limit: int = CHUNK, want_fds: int = 0
+) -> tuple[int, Any, list[int]]:
+    """One control call on a blocking socket: send ``(op, args)``, read the reply record; returns
+    (errno or 0, result, received fds). Transport errors (ConnectionClosed, OSError) propagate."""
+    send_record(sock, encode((int(op), args)), None, limit)
+    raw, fds = recv_record(sock, want_fds)
+    code, result = decode(raw)
+    return code, result, fds
+
+
 class Reassembler:
     """Non-blocking record reassembly for the service side (one per control connection)."""
 

@@ -24,11 +24,9 @@ __all__ = ["force_reconnect", "stack_counters", "sysctl_get", "sysctl_set"]
 def _call(op: int, args: Any) -> Any:
     ctl = connect_stack()
     try:
-        rpc.send_record(ctl, rpc.encode((int(op), args)))
-        raw, _fds = rpc.recv_record(ctl)
+        code, result, _fds = rpc.request(ctl, op, args)
     finally:
         ctl.close()
-    code, result = rpc.decode(raw)
     if code:
         raise os_error(code if code != rpc.WAIT_CONG else errno.EAGAIN)
     return result

@@ -188,9 +188,7 @@ class RDSSocket(RDSSocketBase):
             if ctl is None:
                 raise os_error(errno.EBADF)
             try:
-                rpc.send_record(ctl, rpc.encode((int(op), args)), None, self._limit)
-                raw, fds = rpc.recv_record(ctl, want_fds)
-                code, result = rpc.decode(raw)
+                code, result, fds = rpc.request(ctl, op, args, self._limit, want_fds)
             except (rpc.ConnectionClosed, BrokenPipeError, ConnectionResetError):
                 code = _refusal(ctl)
                 if code:  # a service out of descriptors or memory answered and closed (server.py _shed)

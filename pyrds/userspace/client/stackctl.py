@@ -37,11 +37,9 @@ def stack_request(name: str, server_uid: int, op: int, args: Any = (), timeout: 
         uid = peer_cred(s).uid
         if uid != server_uid:
             raise WrongServer(name, uid)
-        rpc.send_record(s, rpc.encode((int(op), args)))
-        raw, _fds = rpc.recv_record(s)
+        code, result, _fds = rpc.request(s, op, args)
     finally:
         s.close()
-    code, result = rpc.decode(raw)
     if code:
         raise os_error(code, f"pyrds stack {name!r}")
     return result
