@@ -462,15 +462,19 @@ def _ib_section(sec: dict[str, Any] | None) -> list[str]:
         "inside the same TCG guest: every RDMA operation is CPU work (emulated by TCG), so the rows compare",
         "the paths with each other and say nothing about RDS/IB on an HCA. RDS/IB lives in the initial",
         "network namespace only (the kernel's rds_rdma and the userspace stack alike), so the two nodes of",
-        "each pairing are two IPv4 addresses of one dummy netdev carrying one rxe device"
+        "each pairing are two IPv4 addresses of one dummy netdev carrying one rxe device, built by",
+        "`pyrds.testing.ib` as in the conformance IB phase"
         + (f" ({fabric['rxe']} on {fabric['netdev']}, {fabric['subnet']})" if fabric else "")
-        + ",",
-        "built by `pyrds.testing.ib` as in the conformance IB phase. Same stress code, cell length "
-        f"({sec.get('duration_s', '?')} s)",
-        "and buffers as the RDS/TCP rows above, every socket of both sides pinned with",
-        "`SO_RDS_TRANSPORT=IB` before bind (`pyrds stress --transport ib`); the RDS/TCP rows cross a veth",
-        "pair between two namespaces instead, so the two tables are not the same path. `vs stdlib kernel`",
-        "is msgs/s against this section's `kernel<->kernel (stdlib)` row.",
+        + ".",
+        f"Same stress code, cell length ({sec.get('duration_s', '?')} s) and buffers as the RDS/TCP rows "
+        "above, every",
+        "socket of both sides pinned with `SO_RDS_TRANSPORT=IB` before bind (`pyrds stress --transport",
+        "ib`); the RDS/TCP rows cross a veth pair between two namespaces instead, so the two tables are",
+        "not the same path. `vs stdlib kernel` is msgs/s against this section's `kernel<->kernel (stdlib)`",
+        f"row. One cell is one {sec.get('duration_s', '?')} s run: on a loaded host (see the note) single "
+        "cells swing",
+        "widely (the p99 column shows it), so read a difference between rows from several sizes, not from",
+        "one cell.",
         "",
         f"- `userspace<->userspace` ({where('userspace-userspace')}) ran first, with the kernel's",
         "  rds_rdma unloaded (both userspace stacks listen on rdma_cm port 18634, which rds_rdma otherwise",
