@@ -110,9 +110,11 @@ def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
         "# pyrds benchmarks",
         "",
         f"Measured {data['date']} on {data['machine']}; {data['duration_s']:g} s per cell.",
-        "Written by `python benchmarks/run.py` (one guest boot: `python -m vm run`). Every path crosses",
-        "two network namespaces joined by a veth pair inside the guest: RDS/TCP for the RDS rows, a plain",
-        "TCP stream (4-byte length framing, TCP_NODELAY) for the practical limit. Clients and servers are",
+        "Written by `python benchmarks/run.py` (one guest boot: `python -m vm run`). Every stress,",
+        "fan-in, many-sockets and memory path crosses two network namespaces joined by a veth pair inside",
+        "the guest: RDS/TCP for the RDS rows, a plain TCP stream (4-byte length framing, TCP_NODELAY) for",
+        "the practical limit. The last section is RDS/IB over rdma_rxe (soft-RoCE on a dummy netdev in the",
+        "guest's initial namespace): software RDMA under TCG, not an HCA. Clients and servers are",
         "Python (`pyrds stress`, one task), kernel rows measure AF_RDS driven from Python, not rds-stress.",
         "Mixed rows: the userspace node's stack listens on 16386 (the kernel's rds_tcp owns 16385 in every",
         "netns) with an nftables `tcp dport 16385 redirect to :16386` so kernel dials reach it.",
@@ -166,6 +168,7 @@ def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
         *_fanin_section(data.get("fanin")),
         *_many_section(data.get("many_sockets")),
         *_memory_section(data.get("queued_memory")),
+        *_ib_section(data.get("ib")),
         f"![chart]({png.name}) - {how}",
         "",
     ]
@@ -430,3 +433,75 @@ def _memory_section(sec: dict[str, Any] | None) -> list[str]:
                 cells[-1] += f" (error: {r['error']})"
         out.append("| " + " | ".join(cells) + " |")
     return out + [""]
+
+
+# ------------------------------------------------------------------------------------------------ RDS/IB
+
+
+def _ib_missing(sec: dict[str, Any]) -> list[str]:
+    from ib_section import IB_SCENARIOS
+
+    seen = {r["scenario"] for r in sec.get("rows") or []}
+    return [label for label, *_ in IB_SCENARIOS if label not in seen]
+
+
+def _ib_section(sec: dict[str, Any] | None) -> list[str]:
+    out = ["## RDS/IB over rdma_rxe (soft-RoCE on a dummy netdev, TCG guest)", ""]
+    if not sec:
+        return out + _not_measured("RDS/IB rows", "ib")
+    out += _measured_line(sec)
+    fabric = sec.get("fabric") or {}
+    pairs = sec.get("pairs") or {}
+
+    def where(pairing: str) -> str:
+        p = pairs.get(pairing) or {}
+        return f"{p['a']} -> {p['b']}" if p.get("a") else "-"
+
+    out += [
+        "**These are rxe figures.** RDS over rdma_rxe, the kernel's software RoCE, on a dummy netdev",
+        "inside the same TCG guest: every RDMA operation is CPU work (emulated by TCG), so the rows compare",
+        "the paths with each other and say nothing about RDS/IB on an HCA. RDS/IB lives in the initial",
+        "network namespace only (the kernel's rds_rdma and the userspace stack alike), so the two nodes of",
+        "each pairing are two IPv4 addresses of one dummy netdev carrying one rxe device, built by",
+        "`pyrds.testing.ib` as in the conformance IB phase"
+        + (f" ({fabric['rxe']} on {fabric['netdev']}, {fabric['subnet']})" if fabric else "")
+        + ".",
+        f"Same stress code, cell length ({sec.get('duration_s', '?')} s) and buffers as the RDS/TCP rows "
+        "above, every",
+        "socket of both sides pinned with `SO_RDS_TRANSPORT=IB` before bind (`pyrds stress --transport",
+        "ib`); the RDS/TCP rows cross a veth pair between two namespaces instead, so the two tables are",
+        "not the same path. `vs stdlib kernel` is msgs/s against this section's `kernel<->kernel (stdlib)`",
+        f"row. One cell is one {sec.get('duration_s', '?')} s run: on a loaded host (see the note) single "
+        "cells swing",
+        "widely (the p99 column shows it), so read a difference between rows from several sizes, not from",
+        "one cell.",
+        "",
+        f"- `userspace<->userspace` ({where('userspace-userspace')}) ran first, with the kernel's",
+        "  rds_rdma unloaded (both userspace stacks listen on rdma_cm port 18634, which rds_rdma otherwise",
+        "  holds), before the kernel had any RDS/IB connection: unloading rds_rdma after kernel RDS/IB",
+        "  connections panicked 7.3.4. rds_rdma was loaded again afterwards.",
+        f"- Then `kernel<->kernel` ({where('kernel-kernel')}; stdlib sockets and pyrds.kernel over one",
+        f"  kernel connection) and `userspace->kernel` ({where('userspace-kernel')}), alternating cell",
+        "  by cell. In `userspace->kernel` the userspace node is active-only (the kernel's rds_rdma holds",
+        "  port 18634) and dials the kernel, which answers on that connection.",
+        "- `kernel->userspace` is not measured: on one machine the kernel would dial port 18634 of the",
+        "  other address and reach its own rds_rdma; it needs two guests (`tests/vm` checks that it works,",
+        "  not its speed).",
+    ]
+    if sec.get("kernel_ib_connections") is not None:
+        out.append(
+            f"- RDS/IB connections the kernel listed at the end: {sec['kernel_ib_connections']} "
+            "(RDS6_INFO_IB_CONNECTIONS)."
+        )
+    if sec.get("error"):
+        out.append(f"- **Section error:** {sec['error']}")
+    missing = _ib_missing(sec)
+    if missing:
+        out.append(f"- **Not measured in this run:** {', '.join(missing)}.")
+    rows: list[dict[str, Any]] = sec.get("rows") or []
+    out.append("")
+    if any(r["mode"] == "rr" for r in rows):
+        out += ["### RDS/IB request/response (depth 1, reply 0 B)", "", *_table(rows, "rr"), ""]
+    if any(r["mode"] == "oneway" for r in rows):
+        out += ["### RDS/IB one-way (rate confirmed by the receiver)", "", *_table(rows, "oneway"), ""]
+    return out

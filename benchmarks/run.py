@@ -1,14 +1,15 @@
 """pyrds benchmark: the kernel driven by stdlib sockets (the baseline), the kernel driven by pyrds.kernel,
 userspace<->userspace, mixed and plain TCP over veth, plus the per-call cost of pyrds.kernel against the
 stdlib (benchmarks/percall.py), fan-in, many sockets per process and memory per queued message
-(benchmarks/sections.py), in ONE guest run.
+(benchmarks/sections.py), and the same stress cells over RDS/IB on rdma_rxe (soft-RoCE on a dummy netdev in
+the initial namespace; benchmarks/ib_section.py), in ONE guest run.
 
 Host:   ``python benchmarks/run.py``           boots the guest (python -m vm run), runs the guest phase, then
                                                writes docs/benchmarks.md and docs/benchmarks.png here.
 Guest:  ``python benchmarks/run.py --guest``   (root + AF_RDS) prints one ``PYRDS-BENCH-JSON`` line.
 Render: ``python benchmarks/run.py --from-json results.json``  rewrites the report from saved results.
 
-``--sections`` picks what is measured (stress, fanin, many, mem, percall; default all); on the host,
+``--sections`` picks what is measured (stress, fanin, many, mem, percall, ib; default all); on the host,
 ``--merge`` keeps what --save-json already holds of the sections not measured this time, e.g.
 ``python benchmarks/run.py --kernel 7.3 --sections fanin,many,mem --merge``. ``--only`` (scenario label
 substring) narrows every section.
@@ -17,6 +18,10 @@ Each stress cell is ``pyrds stress`` (active side in one netns, ``--passive --on
 stdlib row the same stress code with stdlib sockets, benchmarks/stdlib_stress.py) or the plain TCP baseline
 (benchmarks/tcp_baseline.py), request/response depth 1 and one-way, for every message size. The fan-in,
 many-sockets and queued-memory cells are benchmarks/agent.py processes driven by benchmarks/sections.py.
+The IB section (``--ib-sizes``, default the stress sizes) runs last: kernel<->kernel (stdlib, pyrds.kernel),
+userspace<->userspace and userspace->kernel between two addresses of one rxe device (pyrds.testing.ib's
+fabric and pairings), every socket pinned with ``pyrds stress --transport ib``; userspace<->userspace first,
+with rds_rdma unloaded, before the kernel had any RDS/IB connection (ib_section.py says why).
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import platform
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,25 +41,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from cells import measure_cells  # noqa: E402
 from report import write_report  # noqa: E402
 from topology import KERNEL_PORT, USERSPACE_PORT, Node, make_pair, teardown, userspace_node  # noqa: E402
 
 MARK = "PYRDS-BENCH-JSON "
 #: what --sections names, in the order a guest run measures them
-SECTIONS = ("stress", "fanin", "many", "mem", "percall")
+SECTIONS = ("stress", "fanin", "many", "mem", "percall", "ib")
 #: the results file's key of each newer section (absent in older files; the report says "not measured")
-SECTION_KEYS = {"fanin": "fanin", "many": "many_sockets", "mem": "queued_memory"}
+SECTION_KEYS = {"fanin": "fanin", "many": "many_sockets", "mem": "queued_memory", "ib": "ib"}
 SIZES = (0, 1024, 8192, 65536)
 PY = sys.executable
-CLI = [PY, "-m", "pyrds.cli.main"]
-STDLIB_CLI = [PY, str(HERE / "stdlib_stress.py")]
-
-
-def _cli(backend: str) -> tuple[list[str], str]:
-    """The stress command line and the --backend it gets (the stdlib row runs the CLI with stdlib sockets)."""
-    if backend == "stdlib":
-        return STDLIB_CLI, "kernel"
-    return CLI, backend
 
 
 # (label, active backend, passive backend, topology key); the first row is the baseline of every ratio
@@ -67,161 +63,6 @@ SCENARIOS = [
     ("kernel->userspace", "kernel", "userspace", "mixed-k2u"),
     ("plain TCP", "tcp", "tcp", "kk"),
 ]
-
-
-def _wait_listening(proc: subprocess.Popen[str], timeout: float) -> None:
-    assert proc.stderr is not None
-    end = time.monotonic() + timeout
-    seen: list[str] = []
-    while time.monotonic() < end:
-        line = proc.stderr.readline()
-        if not line:
-            time.sleep(0.5)
-            why = " | ".join(s.strip() for s in seen[-3:]) or "no output"
-            raise RuntimeError(f"passive side exited ({proc.poll()}): {why}")
-        if "passive on" in line:
-            return
-        seen.append(line)
-    raise RuntimeError("passive side did not start")
-
-
-class Passive:
-    """One passive server per scenario (serves every cell: each active run says hello on a new socket)."""
-
-    def __init__(self, node: Node, backend: str, port: int) -> None:
-        if backend == "tcp":
-            cmd = [PY, str(HERE / "tcp_baseline.py"), "--passive", "-s", node.addr, "-p", str(port)]
-        else:
-            cli, cli_backend = _cli(backend)
-            cmd = [
-                *cli,
-                "stress",
-                "--passive",
-                "--json",
-                "--backend",
-                cli_backend,
-                "-s",
-                node.addr,
-                "-p",
-                str(port),
-            ]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.out = tempfile.TemporaryFile("w+")
-        for attempt in range(3):
-            self.proc = node.popen(cmd, stdout=self.out, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-            try:
-                _wait_listening(self.proc, 120)
-                return
-            except RuntimeError as exc:
-                # a loaded TCG guest can take longer than the client's 10 s to start the stack service;
-                # the service keeps starting, so a second attempt finds it
-                if "did not start" not in str(exc) or attempt == 2:
-                    log = Path(node.env.get("PYRDS_STACK_LOG", "/nonexistent"))
-                    tail = log.read_text(errors="replace").strip().splitlines()[-2:] if log.exists() else []
-                    raise RuntimeError(f"{exc} {' | '.join(tail)}".strip()) from None
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.out.close()
-
-
-def one_cell(
-    active: Node, passive: Node, backend: str, size: int, mode: str, dur: float, port: int
-) -> dict[str, Any]:
-    if backend == "tcp":
-        acmd = [PY, str(HERE / "tcp_baseline.py"), "-s", active.addr, "-r", passive.addr, "-p", str(port)]
-    else:
-        cli, cli_backend = _cli(backend)
-        acmd = [
-            *cli,
-            "stress",
-            "--json",
-            "--no-rows",
-            "--backend",
-            cli_backend,
-            "-s",
-            active.addr,
-            "-r",
-            passive.addr,
-            "-p",
-            str(port),
-            "-W",
-            "60",
-        ]
-    acmd += ["-q", str(size), "-T", str(dur)] + (["--one-way"] if mode == "oneway" else [])
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with tempfile.TemporaryFile("w+") as aout, tempfile.TemporaryFile("w+") as aerr:
-        cli = active.popen(acmd, stdout=aout, stderr=aerr, text=True, env=env, cwd=ROOT)
-        try:
-            cli.wait(dur + 300)
-        except subprocess.TimeoutExpired:
-            cli.kill()
-            cli.wait()
-        aout.seek(0)
-        aerr.seek(0)
-        out, err = aout.read(), aerr.read()
-    try:
-        doc: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        tail = (err.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"rc {cli.returncode}: {tail}"}
-    if cli.returncode != 0:
-        doc["error"] = "; ".join(doc.get("errors") or [f"rc {cli.returncode}"])
-    return doc
-
-
-def stress_cells(
-    args: argparse.Namespace, selected: list[tuple[str, str, str, str]], topo: dict[str, tuple[Node, Node]]
-) -> list[dict[str, Any]]:
-    results: list[dict[str, Any]] = []
-    # every scenario's passive server runs for the whole measurement, and the cells alternate between the
-    # scenarios (for each mode and size: every scenario once), so that a load change on a shared host hits
-    # all rows alike instead of one scenario's block of cells
-    servers: dict[str, tuple[Passive | None, str | None, int]] = {}
-    try:
-        for port, (label, _ba, bp, key) in enumerate(selected, start=4001):
-            try:
-                servers[label] = (Passive(topo[key][1], bp, port), None, port)
-            except RuntimeError as exc:
-                servers[label] = (None, str(exc), port)
-        for mode in args.modes:
-            for size in args.sizes:
-                for label, ba, _bp, key in selected:
-                    a, p = topo[key]
-                    server, err, port = servers[label]
-                    t0 = time.monotonic()
-                    if server is not None and not server.alive():
-                        server, err = None, "passive side died"
-                        servers[label] = (None, err, port)
-                    doc = (
-                        {"error": err}
-                        if server is None
-                        else one_cell(a, p, ba, size, mode, args.duration, port)
-                    )
-                    row = {"scenario": label, "mode": mode, "size": size, **_pick(doc)}
-                    results.append(row)
-                    print(
-                        f"[bench] {label:22} {mode:6} {size:6} B: {row.get('msgs_per_s')} msgs/s "
-                        f"{row.get('mb_per_s')} MB/s p50 {row.get('p50_us')} p99 {row.get('p99_us')} "
-                        f"{row.get('error') or ''} ({time.monotonic() - t0:.0f} s)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-    finally:
-        for server, _err, _port in servers.values():
-            if server is not None:
-                server.stop()
-        order = {sc[0]: i for i, sc in enumerate(SCENARIOS)}
-        results.sort(key=lambda r: (order[r["scenario"]], args.modes.index(r["mode"]), r["size"]))
-    return results
 
 
 def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
@@ -275,7 +116,7 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
 
     try:
         if "stress" in want:
-            results = stress_cells(args, selected, topo)
+            results = measure_cells(selected, topo, args.modes, args.sizes, args.duration)
         if "fanin" in want:
             rows = extra.fanin(rds_selected, topo, ports, args.fanin_senders, args.section_seconds)
             sections["fanin"] = meta(senders=args.fanin_senders, seconds=args.section_seconds, rows=rows)
@@ -297,6 +138,22 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
         if args.percall_before:
             variants["before"] = percall.loaded_socket(args.percall_before)
         percall_rows = percall.measure(variants, args.percall_rounds, False)
+    if "ib" in want:
+        # last: it unloads and reloads rds_rdma and leaves kernel RDS/IB connections behind (ib_section.py)
+        import ib_section
+
+        for mod in ("rds_rdma", "rdma_rxe"):
+            subprocess.run(["modprobe", mod], check=False)
+        chosen = [sc for sc in ib_section.IB_SCENARIOS if not args.only or any(o in sc[0] for o in args.only)]
+        got = ib_section.measure(chosen, args.modes, args.ib_sizes, args.duration)
+        sections["ib"] = {
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": machine(),
+            "duration_s": args.duration,
+            "sizes": args.ib_sizes,
+            "modes": args.modes,
+            **got,
+        }
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),
@@ -304,18 +161,6 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
         "results": results,
         "percall": percall_rows,
         **sections,
-    }
-
-
-def _pick(doc: dict[str, Any]) -> dict[str, Any]:
-    rtt = doc.get("rtt_us") or {}
-    return {
-        "msgs_per_s": doc.get("msgs_per_s"),
-        "mb_per_s": doc.get("mb_per_s"),
-        "p50_us": rtt.get("p50"),
-        "p99_us": rtt.get("p99"),
-        "cpu_pct": doc.get("cpu_pct"),
-        "error": doc.get("error"),
     }
 
 
@@ -365,6 +210,8 @@ def host_phase(args: argparse.Namespace) -> int:
         str(args.mem_limit),
         "--section-seconds",
         str(args.section_seconds),
+        "--ib-sizes",
+        ",".join(map(str, args.ib_sizes)),
     ]
     if args.percall_before:
         cmd += ["--percall-before", args.percall_before]
@@ -405,7 +252,7 @@ def merge(data: dict[str, Any], previous: Path, measured: list[str]) -> dict[str
     """``data`` plus what ``previous`` (a saved results file) has of the parts this run did not measure.
 
     The stress rows and the per-call table are one part (they share the top-level date, machine and note);
-    each new section (fan-in, many sockets, queued memory) carries its own date and machine."""
+    each new section (fan-in, many sockets, queued memory, IB) carries its own date and machine."""
     if not previous.exists():
         return data
     old = json.loads(previous.read_text())
@@ -466,6 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-limit", type=int, default=2000, help="queued memory: messages at most (2000)")
     ap.add_argument(
         "--section-seconds", type=float, default=5.0, help="fan-in and many-sockets: seconds of sending (5)"
+    )
+    ap.add_argument(
+        "--ib-sizes",
+        type=_int_list,
+        default=list(SIZES),
+        help="IB section: message sizes (default: the stress sizes, 0,1024,8192,65536)",
     )
     ap.add_argument(
         "--percall-before",

@@ -23,9 +23,10 @@ KERNEL_PORT = 16385
 
 @dataclass
 class Node:
-    """One end: a namespace, its address, and the environment its processes get."""
+    """One end: a namespace (None: this process's, where RDS/IB lives), its address, and the environment its
+    processes get."""
 
-    ns: str
+    ns: str | None
     addr: str
     env: dict[str, str] = field(default_factory=dict)
 
@@ -34,6 +35,8 @@ class Node:
         from pyrds.netns import popen_in_netns
 
         kwargs["env"] = {**(kwargs.get("env") or os.environ), **self.env}
+        if self.ns is None:
+            return subprocess.Popen(list(cmd), **kwargs)
         return popen_in_netns(self.ns, cmd, **kwargs)
 
 
@@ -75,6 +78,8 @@ def teardown(nodes: Sequence[Node]) -> None:
     from pyrds import netns
 
     for n in nodes:
+        if n.ns is None:
+            continue
         for pid in netns.netns_pids(n.ns):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)

@@ -10,8 +10,11 @@ import sys
 from typing import NoReturn
 
 from pyrds.api import RDSSocketBase
+from pyrds.constants import SOL_RDS, SockOpt, Transport
 
 BACKENDS = ("auto", "kernel", "userspace")
+#: ``--transport`` choices: the ``SO_RDS_TRANSPORT`` value each pins (unpinned, the bind address decides)
+TRANSPORTS = {"tcp": Transport.TCP, "ib": Transport.IB}
 
 
 class UserError(Exception):
@@ -29,6 +32,37 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="kernel (AF_RDS), userspace (pyrds RDS/TCP stack) or auto (kernel when AF_RDS exists)",
     )
+
+
+def add_transport_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--transport",
+        choices=tuple(TRANSPORTS),
+        default=None,
+        help="pin every socket to RDS/TCP or RDS/IB (SO_RDS_TRANSPORT, set before bind); default: unpinned, "
+        "the bound address decides",
+    )
+
+
+def pin_transport(sock: RDSSocketBase, transport: str | None) -> None:
+    """``SO_RDS_TRANSPORT`` = ``transport`` on an unbound socket (nothing for None); failures become one-line
+    user errors that say what is missing."""
+    if transport is None:
+        return
+    if transport not in TRANSPORTS:
+        raise UserError(f"unknown transport {transport!r}")
+    try:
+        sock.setsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT, int(TRANSPORTS[transport]))
+    except OSError as exc:
+        why = describe_oserror(exc)
+        if exc.errno == errno.ENOPROTOOPT:
+            why += (
+                " (kernel: the transport's module, rds_tcp / rds_rdma, is not loaded; userspace: the stack "
+                "has RDS/IB only with an RDMA device and pyverbs)"
+            )
+        elif exc.errno == errno.EPROTOTYPE:
+            why += " (RDS/IB exists in the initial network namespace only)"
+        raise UserError(f"cannot pin the socket to {transport.upper()}: {why}", 1) from None
 
 
 def open_socket(backend: str) -> RDSSocketBase:

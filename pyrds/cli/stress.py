@@ -2,6 +2,8 @@
 
 Active side: ``pyrds stress -s LOCAL -r PEER [-p PORT] [-q SIZE] [-d DEPTH] [-t TASKS] [-T SECONDS]``.
 Passive side: ``pyrds stress --passive -s LOCAL [-p PORT]`` (or any invocation without ``-r``).
+``--transport tcp|ib`` pins every socket of either side (SO_RDS_TRANSPORT, before bind); RDS/IB needs an
+address of an RDMA device in the initial network namespace.
 Request/response (default): each task keeps DEPTH requests outstanding, the passive side answers each with
 an ACK-SIZE reply, the rtt column is request-to-reply. ``--one-way``: tasks send as fast as the socket accepts
 and the passive side only counts; the final rate is what the passive side confirmed it received.
@@ -23,9 +25,11 @@ from pyrds.api import RDSSocketBase
 from pyrds.cli.common import (
     UserError,
     add_backend_option,
+    add_transport_option,
     describe_oserror,
     open_socket,
     parse_ip,
+    pin_transport,
     positive_float,
     positive_int,
     size_arg,
@@ -89,6 +93,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
     p.add_argument("--no-rows", action="store_true", help="no per-second rows, summary only")
     add_backend_option(p)
+    add_transport_option(p)
     p.set_defaults(func=run, mode="rr")
 
 
@@ -131,13 +136,15 @@ class Summary:
     rtt_us: dict[str, float] | None
     cpu_pct: float
     errors: list[str]
+    transport: str | None = None  # --transport (None: unpinned)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     def text(self) -> str:
         lines = [
-            f"--- pyrds stress summary ({self.backend} backend, {self.mode}) ---",
+            f"--- pyrds stress summary ({self.backend} backend, {self.mode}"
+            f"{f', pinned to {self.transport.upper()}' if self.transport else ''}) ---",
             f"{self.local} -> {self.peer}:{self.port}  size {self.size} B  "
             f"depth {self.depth}  tasks {self.tasks}",
             f"{self.messages} msgs in {self.seconds:.2f} s: {self.msgs_per_s:.0f} msgs/s, "
@@ -194,10 +201,11 @@ class Task(threading.Thread):
         """Socket, bind and hello handshake (runs in the main thread so errors surface early)."""
         sock = open_socket(self.args.backend)
         self.sock, self.backend = sock, sock.backend
+        pin_transport(sock, self.args.transport)
         try:
             sock.bind(sockaddr(self.local, 0))
         except OSError as exc:
-            raise UserError(f"cannot bind to {self.local}: {describe_oserror(exc)}", 2) from None
+            raise UserError(f"cannot bind to {self.local}: {_bind_error(exc, self.args)}", 2) from None
         if sockbuf_bytes(self.args):
             size_buffers(sock, sockbuf_bytes(self.args))
         sock.setblocking(False)
@@ -351,18 +359,27 @@ def run(args: argparse.Namespace) -> int:
     return _active(args, local, peer)
 
 
+def _bind_error(exc: OSError, args: argparse.Namespace) -> str:
+    why = describe_oserror(exc)
+    if args.transport == "ib":
+        why += " (a socket pinned to RDS/IB binds an IPv4 address of an RDMA device)"
+    return why
+
+
 def _passive(args: argparse.Namespace, local: str) -> int:
     sock = open_socket(args.backend)
     try:
+        pin_transport(sock, args.transport)
         try:
             sock.bind(sockaddr(local, args.port))
         except OSError as exc:
-            raise UserError(f"cannot bind to {local}:{args.port}: {describe_oserror(exc)}", 2) from None
+            raise UserError(f"cannot bind to {local}:{args.port}: {_bind_error(exc, args)}", 2) from None
         if sockbuf_bytes(args):
             size_buffers(sock, sockbuf_bytes(args))
         # the listening line tells scripts (benchmarks, tests) that the port is bound
         print(
-            f"pyrds stress passive on {local}:{args.port} ({sock.backend} backend)",
+            f"pyrds stress passive on {local}:{args.port} ({sock.backend} backend"
+            f"{f', pinned to {args.transport.upper()}' if args.transport else ''})",
             file=sys.stderr if args.json else sys.stdout,
             flush=True,
         )
@@ -496,4 +513,5 @@ def _summarize(
         rtt_us=rtt,
         cpu_pct=round(cpu, 1),
         errors=errors,
+        transport=args.transport,
     )

@@ -284,6 +284,9 @@ class IbNode:
     stack: str | None = None  # the userspace node's PYRDS_STACK_NAME
     log: str | None = None  # its stack service's log file
     sockets: list[RemoteSocket] = field(default_factory=list)
+    #: what the agent's environment adds (userspace: PYRDS_STACK_NAME ...): another process given it uses this
+    #: node's stack (benchmarks/ib_section.py runs ``pyrds stress`` that way)
+    env: dict[str, str] = field(default_factory=dict)
 
     def socket(self) -> RemoteSocket:
         """A socket pinned to RDS/IB, with :data:`SOCK_BUF` send and receive buffers, not bound."""
@@ -379,7 +382,7 @@ class IbPair:
                 if isinstance(agent, Agent):
                     stack_name = env.get("PYRDS_STACK_NAME")
                     log = env.get("PYRDS_STACK_LOG")
-                    nodes.append(IbNode(name, backend, addr, agent, stack_name, log))
+                    nodes.append(IbNode(name, backend, addr, agent, stack_name, log, env=dict(env)))
             for agent in agents:
                 if isinstance(agent, BaseException):
                     raise agent
