@@ -54,6 +54,12 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpus", "-p", type=int, default=None, help="vCPUs per guest (default 2, two-guests 1)")
     p.add_argument("--memory", "-m", default=None, help="memory per guest (default 2G, two-guests 1G)")
     p.add_argument("--peer-cmd", default="sleep infinity", help="guest B's agent (shell words; two-guests)")
+    p.add_argument(
+        "--peer-ib",
+        action="store_true",
+        help="two-guests for the conformance suite: guest A keeps --cpus/--memory (default 2, 2G) and gets "
+        "no rxe device at boot (the IB phase makes one), guest B has 1 vCPU and 1G",
+    )
     p.add_argument("--modules", default=None, help="comma list of modules to modprobe (default: RDS set)")
     p.add_argument("--system-python", action="store_true", help="don't use the guest venv (Debian's python3)")
     p.add_argument("--keep-results", action="store_true", help="keep the shared results directory")
@@ -128,6 +134,8 @@ def _config(args: argparse.Namespace, kernel: GuestKernel, copy_out: str | None)
     if not cmd:
         raise HarnessError(f"no command given: python -m vm {args.command} [options] -- CMD...")
     acc, why = accel_mod.resolve_accel(kernel.vmlinuz, args.accel)
+    if args.peer_ib:
+        args.topology = "two-guests"
     two = args.topology == "two-guests"
     venv_bin = None if args.system_python else guestpy.ensure_venv(create=True)
     daemon, root_why = resolve_rootfs(args.rootfs)
@@ -136,8 +144,11 @@ def _config(args: argparse.Namespace, kernel: GuestKernel, copy_out: str | None)
         accel=acc,
         cmd=cmd,
         topology=args.topology,
-        cpus=args.cpus or (1 if two else 2),
-        memory=args.memory or ("1G" if two else "2G"),
+        cpus=args.cpus or (1 if two and not args.peer_ib else 2),
+        memory=args.memory or ("1G" if two and not args.peer_ib else "2G"),
+        peer_cpus=1 if args.peer_ib else None,
+        peer_memory="1G" if args.peer_ib else None,
+        link_rxe_a=not args.peer_ib,
         timeout=args.timeout,
         junit=args.junit,
         peer_cmd=shlex.split(args.peer_cmd),

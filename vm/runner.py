@@ -56,6 +56,12 @@ class RunConfig:
     #: the guest's root filesystem: a virtiofsd path (vng exports the root over virtiofs with it), or None
     #: for 9p (``--force-9p``); :func:`resolve_rootfs` picks it
     virtiofsd: str | None = None
+    #: two-guests only: guest B's vCPUs and memory (None: ``cpus`` / ``memory``), and whether guest A gets an
+    #: rxe device on the link at boot (``--peer-ib`` leaves it to the suite: a userspace stack started while
+    #: an rxe device exists attaches RDS/IB, which the main suite must not see)
+    peer_cpus: int | None = None
+    peer_memory: str | None = None
+    link_rxe_a: bool = True
 
 
 @dataclass
@@ -178,7 +184,10 @@ def _looks_like_pytest(cmd: Sequence[str]) -> bool:
 
 def guest_command(cfg: RunConfig, role: str, results: str, port: int | None) -> list[str]:
     """The vng argv for guest ``role`` ('a' runs CMD, 'b' runs the peer agent)."""
-    argv = [_vng(), "--run", cfg.kernel.vmlinuz, "-p", str(cfg.cpus), "-m", cfg.memory]
+    cpus, memory = cfg.cpus, cfg.memory
+    if role == "b":
+        cpus, memory = cfg.peer_cpus or cpus, cfg.peer_memory or memory
+    argv = [_vng(), "--run", cfg.kernel.vmlinuz, "-p", str(cpus), "-m", memory]
     if cfg.accel == "tcg":
         argv.append("--disable-kvm")
     if cfg.virtiofsd:
@@ -220,6 +229,8 @@ def guest_command(cfg: RunConfig, role: str, results: str, port: int | None) -> 
         )
         other = "b" if role == "a" else "a"
         inner += ["--mac", MACS[role], "--addr", f"{ADDRS[role]}/24", "--peer-addr", ADDRS[other]]
+        if role == "a" and not cfg.link_rxe_a:
+            inner += ["--rxe", ""]
         if role == "a":
             inner.append("--wait-peer")
     if qemu_opts:

@@ -76,8 +76,44 @@ NOT_COVERED = {
         "rds_rdma is loaded), so the kernel would connect to itself; it needs two guests"
     )
 }
+#: pairings a second guest can host (``python -m vm ... --peer-ib``): node B is a
+#: :class:`~pyrds.testing.peeragent.PeerAgent` in guest B (rds_rdma unloaded there, the userspace stack
+#: listening on 18634 of its link address), node A the kernel of this guest on its link address
+PEER_PAIRS = frozenset({"kernel-userspace"})
+#: this guest's rxe device on the inter-guest link, made when a peer pairing first needs it
+LINK_RXE = "pyrdslinkrxe0"
+#: how long to wait for guest B's token file (its agent may start after this guest's suite)
+PEER_TOKEN_WAIT = 120.0
 #: pairings that need rdma_cm port 18634 free: rds_rdma is unloaded while they live
 UNLOADS_RDS_RDMA = frozenset({"userspace-userspace"})
+
+
+@dataclass(frozen=True)
+class PeerLink:
+    """The inter-guest link of the two-guests topology, as ``vm/guest.py`` describes it in the environment."""
+
+    netdev: str  # this guest's link interface ($PYRDS_NETDEV)
+    local: str  # this guest's address on it ($PYRDS_LOCAL_ADDR)
+    peer: str  # guest B's ($PYRDS_PEER_ADDR)
+    token_file: str  # where guest B's peer agent left its token (<results>/b/peer-token)
+
+
+def peer_link(environ: Any = None) -> PeerLink | None:
+    """The link to guest B when this is guest A of a two-guests run with a results directory, else None."""
+    env = os.environ if environ is None else environ
+    netdev, local, peer = env.get("PYRDS_NETDEV"), env.get("PYRDS_LOCAL_ADDR"), env.get("PYRDS_PEER_ADDR")
+    results = env.get("PYRDS_VM_RESULTS")
+    if env.get("PYRDS_ROLE") != "a" or not (netdev and local and peer and results):
+        return None
+    return PeerLink(netdev, local, peer, os.path.join(os.path.dirname(results), "b", "peer-token"))
+
+
+def not_covered(pair: str, environ: Any = None) -> str | None:
+    """Why ``pair`` cannot run here (its skip reason), or None. A :data:`PEER_PAIRS` pairing runs when this
+    guest has a peer guest (:func:`peer_link`)."""
+    if pair in PEER_PAIRS and peer_link(environ) is not None:
+        return None
+    return NOT_COVERED.get(pair)
 #: socket buffers of every IB socket (a 1 MiB message needs rds_sk_sndbuf, i.e. SO_SNDBUF / 2, above it)
 SOCK_BUF = 4 << 20
 #: how long the first message of a pairing may take to arrive (connection setup under TCG)
@@ -185,6 +221,7 @@ class IbFabric:
     def __init__(self, subnet: int = 0) -> None:
         self.saved: dict[str, str] = {}
         self.subnet = subnet
+        self.link_rxe_made = False
 
     def addrs(self, pair: str) -> tuple[str, str]:
         """Node A's and node B's addresses of ``pair`` on this fabric."""
@@ -220,11 +257,26 @@ class IbFabric:
             raise
         return fabric
 
+    def link_rxe(self, link: PeerLink, timeout: float = 60.0) -> None:
+        """An rxe device on the inter-guest link (once; removed by :meth:`destroy`), with a GID for this
+        guest's link address."""
+        if not self.link_rxe_made:
+            _sh("rdma", "link", "add", LINK_RXE, "type", "rxe", "netdev", link.netdev)
+            self.link_rxe_made = True
+        deadline = time.monotonic() + timeout
+        while v4_mapped(link.local) not in _gids(LINK_RXE):
+            if time.monotonic() > deadline:
+                raise IbSetupError(f"{LINK_RXE}: no GID for {link.local} after {timeout:g} s")
+            time.sleep(0.1)
+
     def destroy(self) -> None:
         for path, value in self.saved.items():
             with contextlib.suppress(OSError), open(path, "w") as f:
                 f.write(value)
         self.saved.clear()
+        if self.link_rxe_made:
+            _sh("rdma", "link", "delete", LINK_RXE, check=False)
+            self.link_rxe_made = False
         _sh("rdma", "link", "delete", RXE, check=False)
         _sh("ip", "link", "del", NETDEV, check=False)
 
@@ -337,8 +389,10 @@ class IbPair:
     def create(cls, pair: str, fabric: IbFabric) -> IbPair:
         """Start both agents (userspace: with a stack of its own) and bring the A->B connection up with a
         message each way. ``pair`` must be one of :data:`PAIRS` outside :data:`NOT_COVERED`."""
-        if pair not in PAIRS or pair in NOT_COVERED:
-            raise ValueError(f"not a pairing one machine can host: {pair!r}")
+        if pair not in PAIRS or not_covered(pair):
+            raise ValueError(f"not a pairing this machine can host: {pair!r}")
+        if pair in PEER_PAIRS:
+            return cls._create_with_peer(pair, fabric)
         backends = pair.split("-")
         unload = pair in UNLOADS_RDS_RDMA
         if unload:
@@ -391,6 +445,34 @@ class IbPair:
             return made
         except BaseException:
             _teardown(nodes, unload)
+            raise
+
+    @classmethod
+    def _create_with_peer(cls, pair: str, fabric: IbFabric) -> IbPair:
+        """Node A here (the kernel, on this guest's link address over :data:`LINK_RXE`), node B the peer
+        guest's agent (the userspace stack on guest B's link address)."""
+        from pyrds.testing.peeragent import PORT, PeerAgent, read_token_file
+
+        link = peer_link()
+        assert link is not None
+        backend_a, backend_b = pair.split("-")
+        fabric.link_rxe(link)
+        deadline = time.monotonic() + PEER_TOKEN_WAIT
+        while not os.path.exists(link.token_file):
+            if time.monotonic() > deadline:
+                raise IbSetupError(f"guest B's peer agent left no token in {link.token_file}")
+            time.sleep(0.5)
+        nodes: list[IbNode] = []
+        try:
+            agent_a = Agent(None, name=f"A:{backend_a}:ib")
+            nodes.append(IbNode("A", backend_a, link.local, agent_a))
+            agent_b = PeerAgent(link.peer, PORT, read_token_file(link.token_file), name=f"B:{backend_b}:peer")
+            nodes.append(IbNode("B", backend_b, link.peer, agent_b))  # type: ignore[arg-type]
+            made = cls(nodes[0], nodes[1], False)
+            made.hello()
+            return made
+        except BaseException:
+            _teardown(nodes, False)
             raise
 
     def hello(self) -> None:

@@ -17,8 +17,9 @@ Client side: :class:`PeerAgent` has the interface of :class:`~pyrds.testing.agen
 (``socket``, ``job``, ``wait``, ``mem_alloc``, ``request``, ``close``, ``broken``), so a
 :class:`~pyrds.testing.agent.RemoteSocket` works on it unchanged.
 
-Run the server in the second guest: ``PYRDS_PEER_TOKEN=... python -m pyrds.testing.peeragent --listen ADDR
---port PORT --allow PEER``.
+Run the server in the second guest: ``python -m pyrds.testing.peeragent --token-file FILE`` (listen on
+``$PYRDS_LOCAL_ADDR``:18700 for ``$PYRDS_PEER_ADDR``, both set by ``vm``'s two-guests topology; the token is
+made fresh and left in FILE, in the results directory both guests share, for the client to read).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import errno
 import hmac
 import os
+import secrets
 import socket
 import struct
 import sys
@@ -37,9 +39,11 @@ from typing import Any
 from pyrds.testing import wirecodec
 from pyrds.testing.agent import _EXC, AgentBuffer, AgentError, RemoteSocket, _AgentServer
 
-__all__ = ["JOBS", "METHODS", "OPS", "PeerAgent", "PeerServer", "TOKEN_ENV"]
+__all__ = ["JOBS", "METHODS", "OPS", "PORT", "PeerAgent", "PeerServer", "TOKEN_ENV", "read_token_file"]
 
 TOKEN_ENV = "PYRDS_PEER_TOKEN"
+#: the TCP port the agent listens on by default
+PORT = 18700
 #: a token shorter than this is refused (it is the only thing between a client and the agent's sockets)
 MIN_TOKEN = 16
 _HDR = struct.Struct(">I")
@@ -200,6 +204,21 @@ def serve_connection(conn: socket.socket, token: str) -> bool:
         conn.close()
 
 
+def new_token_file(path: str) -> str:
+    """A fresh random token, written to ``path`` (created now, mode 0600; FileExistsError if it exists)."""
+    token = secrets.token_hex(16)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def read_token_file(path: str) -> str:
+    """The token :func:`new_token_file` wrote (at most 256 bytes read)."""
+    with open(path) as f:
+        return f.read(256).strip()
+
+
 def serve(listen: str, port: int, allow: str, token: str, *, once: bool = False) -> None:
     """Accept clients from ``allow`` only, one at a time; with ``once``, stop after a client said ``exit``."""
     if len(token) < MIN_TOKEN:
@@ -315,13 +334,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m pyrds.testing.peeragent", description=(__doc__ or "").split("\n\n")[0]
     )
-    ap.add_argument("--listen", required=True, help="the address to listen on (this guest's)")
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--allow", required=True, help="the only client address accepted (the other guest's)")
+    env = os.environ
+    ap.add_argument(
+        "--listen", default=env.get("PYRDS_LOCAL_ADDR"), help="the address to listen on ($PYRDS_LOCAL_ADDR)"
+    )
+    ap.add_argument("--port", type=int, default=PORT, help=f"default {PORT}")
+    ap.add_argument(
+        "--allow",
+        default=env.get("PYRDS_PEER_ADDR"),
+        help="the only client address accepted, the other guest's ($PYRDS_PEER_ADDR)",
+    )
+    ap.add_argument(
+        "--token-file",
+        help=f"make a fresh token and write it here (mode 0600, a new file) instead of ${TOKEN_ENV}",
+    )
     ap.add_argument("--once", action="store_true", help="exit after a client said exit")
     args = ap.parse_args(argv)
-    token = os.environ.get(TOKEN_ENV, "")
+    if not args.listen or not args.allow:
+        ap.error("--listen and --allow are needed (or $PYRDS_LOCAL_ADDR and $PYRDS_PEER_ADDR)")
     try:
+        token = new_token_file(args.token_file) if args.token_file else env.get(TOKEN_ENV, "")
         serve(args.listen, args.port, args.allow, token, once=args.once)
     except ValueError as exc:
         print(f"peer agent: {exc}", file=sys.stderr)

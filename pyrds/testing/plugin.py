@@ -440,7 +440,7 @@ def _rds_ib_topology(request: pytest.FixtureRequest) -> Iterator[Any]:
     from pyrds.testing import ib
 
     pair: str = request.param
-    reason = ib.NOT_COVERED.get(pair) or ib.ib_unavailable()
+    reason = ib.not_covered(pair) or ib.ib_unavailable()
     if "kernel" in pair.split("-"):
         reason = reason or backend_unavailable("kernel")
     # no userspace probe here: it would start this namespace's shared stack, which attaches RDS/IB once the

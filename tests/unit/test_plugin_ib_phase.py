@@ -97,3 +97,25 @@ def test_the_fabric_avoids_every_subnet_the_kernel_still_has_connections_in() ->
     assert ib.pick_subnet(["10.99.0.1", "::1"]) == 0
     with pytest.raises(ib.IbSetupError):
         ib.pick_subnet([f"10.98.{n}.1" for n in range(256)])
+
+
+def test_a_peer_guest_covers_kernel_userspace() -> None:
+    """Guest A of a --peer-ib run (vm/guest.py's environment) hosts kernel-userspace with guest B's agent as
+    node B; anywhere else it stays a skip with the one-machine reason."""
+    env = {
+        "PYRDS_ROLE": "a",
+        "PYRDS_NETDEV": "eth0",
+        "PYRDS_LOCAL_ADDR": "10.99.0.1",
+        "PYRDS_PEER_ADDR": "10.99.0.2",
+        "PYRDS_VM_RESULTS": "/res/a",
+    }
+    assert ib.peer_link(env) == ib.PeerLink("eth0", "10.99.0.1", "10.99.0.2", "/res/b/peer-token")
+    assert ib.not_covered("kernel-userspace", env) is None
+    assert ib.not_covered("kernel-kernel", env) is None
+    assert ib.not_covered("kernel-userspace", {}) == ib.NOT_COVERED["kernel-userspace"]
+    assert ib.PEER_PAIRS <= set(ib.NOT_COVERED)  # one machine still cannot host them
+    for key in env:
+        partial = {k: v for k, v in env.items() if k != key}
+        assert ib.peer_link(partial) is None
+        assert ib.not_covered("kernel-userspace", partial) == ib.NOT_COVERED["kernel-userspace"]
+    assert ib.peer_link({**env, "PYRDS_ROLE": "b"}) is None  # guest B is the peer, not the suite

@@ -70,6 +70,43 @@ def test_two_guests_socket_netdev() -> None:
     assert _inner(b)[-1] == "agent" and "10.99.0.2/24" in _inner(b)
 
 
+def test_peer_ib_guest_a_has_no_link_rxe_and_guest_b_is_small() -> None:
+    """--peer-ib: guest A keeps its vCPUs and memory and gets no rxe at boot (the IB phase makes one, after
+    the main suite); guest B, the peer agent, gets 1 vCPU and 1G."""
+    cfg = runner.RunConfig(
+        kernel=KERNEL,
+        accel="tcg",
+        cmd=["true"],
+        topology="two-guests",
+        peer_cmd=["agent"],
+        peer_cpus=1,
+        peer_memory="1G",
+        link_rxe_a=False,
+    )
+    a = runner.guest_command(cfg, "a", "/res", 4444)
+    b = runner.guest_command(cfg, "b", "/res", 4444)
+    assert a[a.index("-p") + 1] == "2" and a[a.index("-m") + 1] == "2G"
+    assert b[b.index("-p") + 1] == "1" and b[b.index("-m") + 1] == "1G"
+    inner_a, inner_b = _inner(a), _inner(b)
+    assert inner_a[inner_a.index("--rxe") + 1] == ""
+    assert "--rxe" not in inner_b  # guest B keeps the default rxe0 on the link
+
+
+def test_cli_peer_ib_implies_two_guests(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli.accel_mod, "resolve_accel", lambda vmlinuz, want: ("tcg", "test"))
+    monkeypatch.setattr(cli.guestpy, "ensure_venv", lambda create: None)
+    monkeypatch.setattr(cli.guestpy, "pyverbs_shim", lambda: None)
+    monkeypatch.setattr(cli, "resolve_rootfs", lambda want: (None, "test"))
+    args = cli._parser().parse_args(["run", "--peer-ib", "--peer-cmd", "python -m vm.ib_peer", "--", "true"])
+    cfg = cli._config(args, KERNEL, None)
+    assert cfg.topology == "two-guests" and (cfg.cpus, cfg.memory) == (2, "2G")
+    assert (cfg.peer_cpus, cfg.peer_memory, cfg.link_rxe_a) == (1, "1G", False)
+    assert cfg.peer_cmd == ["python", "-m", "vm.ib_peer"]
+    args = cli._parser().parse_args(["run", "--topology", "two-guests", "--", "true"])
+    cfg = cli._config(args, KERNEL, None)
+    assert (cfg.cpus, cfg.memory, cfg.peer_cpus, cfg.link_rxe_a) == (1, "1G", None, True)
+
+
 def test_cached_trees(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The repository, the harness's Python prefixes and the guest venv, each once, nested ones and /usr
     left out; none with code_cache=False (no extra 9p device, no mount in the guest)."""
