@@ -84,6 +84,9 @@ PEER_PAIRS = frozenset({"kernel-userspace"})
 LINK_RXE = "pyrdslinkrxe0"
 #: how long to wait for guest B's token file (its agent may start after this guest's suite)
 PEER_TOKEN_WAIT = 120.0
+#: the kernel->userspace hello across guests: attempts, and how long each waits for the message
+PEER_HELLO_ATTEMPTS = 6
+PEER_HELLO_WAIT = 15.0
 #: pairings that need rdma_cm port 18634 free: rds_rdma is unloaded while they live
 UNLOADS_RDS_RDMA = frozenset({"userspace-userspace"})
 
@@ -469,19 +472,31 @@ class IbPair:
             agent_b = PeerAgent(link.peer, PORT, read_token_file(link.token_file), name=f"B:{backend_b}:peer")
             nodes.append(IbNode("B", backend_b, link.peer, agent_b))  # type: ignore[arg-type]
             made = cls(nodes[0], nodes[1], False)
-            made.hello()
+            made.hello(attempts=PEER_HELLO_ATTEMPTS)
             return made
         except BaseException:
             _teardown(nodes, False)
             raise
 
-    def hello(self) -> None:
+    def hello(self, attempts: int = 1) -> None:
         """A->B then B->A between warm-up sockets (closed afterwards): the connection is up before any
-        scenario runs, and A (the node that may dial) made it."""
+        scenario runs, and A (the node that may dial) made it. With ``attempts`` > 1 the A->B message is sent
+        again after each :data:`PEER_HELLO_WAIT` s without it (between two guests the first message on a fresh
+        connection was sometimes never delivered, vm/rds_echo.py), and the attempts used are printed."""
         wa, wb = self.a.bound(), self.b.bound()
         try:
-            wa.sendto(b"hello", wb.getsockname())
-            data = wb.recv(64)
+            if attempts > 1:
+                wb.settimeout(PEER_HELLO_WAIT)
+            for attempt in range(1, attempts + 1):
+                wa.sendto(b"hello", wb.getsockname())
+                try:
+                    data = wb.recv(64)
+                    break
+                except TimeoutError:
+                    if attempt == attempts:
+                        raise
+            if attempts > 1:
+                print(f"[ib] {self.label}: hello A->B arrived on attempt {attempt} of {attempts}")
             if data != b"hello":
                 raise IbSetupError(f"{self.label}: the first message A->B arrived as {data!r}")
             wb.sendto(b"olleh", wa.getsockname())
