@@ -69,6 +69,8 @@ HOSTS = {
 #: reasoning across sessions (a second ``--rds-ib`` session in one boot), where the kernel still holds the
 #: first session's connections and would take the new userspace node's address for the old peer
 SUBNET_PREFIX = "10.98"
+#: the IPv6 twin of :data:`SUBNET_PREFIX` (a unique-local /48; the session's /64 is its subnet number)
+SUBNET6_PREFIX = "fd00:98"
 NOT_COVERED = {
     "kernel-userspace": (
         "not covered on one machine: a kernel node dialling a userspace node over RDS/IB reaches rdma_cm "
@@ -231,19 +233,30 @@ class IbFabric:
         a, b = HOSTS[pair]
         return (f"{SUBNET_PREFIX}.{self.subnet}.{a}", f"{SUBNET_PREFIX}.{self.subnet}.{b}")
 
+    def addrs6(self, pair: str) -> tuple[str, str]:
+        """Node A's and node B's IPv6 addresses of ``pair`` (``SUBNET6_PREFIX:N::host``, a /64 per session as
+        the IPv4 /24)."""
+        a, b = HOSTS[pair]
+        return (f"{SUBNET6_PREFIX}:{self.subnet:x}::{a:x}", f"{SUBNET6_PREFIX}:{self.subnet:x}::{b:x}")
+
     @classmethod
     def create(cls, timeout: float = 60.0) -> IbFabric:
         fabric = cls(pick_subnet(kernel_rds_addresses()))
         try:
             _sh("modprobe", "dummy", check=False)  # autoloaded by `ip link add` too; absent: that fails
             _sh("ip", "link", "add", NETDEV, "type", "dummy")
-            every = [addr for pair in PAIRS if pair not in NOT_COVERED for addr in fabric.addrs(pair)]
+            covered = [pair for pair in PAIRS if pair not in NOT_COVERED]
+            every = [addr for pair in covered for addr in fabric.addrs(pair)]
+            every6 = [addr for pair in covered for addr in fabric.addrs6(pair)]
             for addr in every:
                 _sh("ip", "addr", "add", f"{addr}/24", "dev", NETDEV)
+            for addr in every6:  # nodad: usable (and a GID) at once, no duplicate detection on a dummy
+                _sh("ip", "-6", "addr", "add", f"{addr}/64", "dev", NETDEV, "nodad")
             _sh("ip", "link", "set", NETDEV, "up")
             _sh("rdma", "link", "add", RXE, "type", "rxe", "netdev", NETDEV)
-            # the GID table is filled asynchronously from the netdev's addresses: wait for all of them
-            want = {v4_mapped(addr) for addr in every}
+            # the GID table is filled asynchronously from the netdev's addresses: wait for all of them (RoCE
+            # v2: an IPv4 address as its v4-mapped GID, an IPv6 one as itself)
+            want = {v4_mapped(addr) for addr in every} | {ipaddress.IPv6Address(a).packed for a in every6}
             deadline = time.monotonic() + timeout
             while not want <= _gids(RXE):
                 if time.monotonic() > deadline:
@@ -336,6 +349,7 @@ class IbNode:
     backend: str
     addr: str
     agent: Agent
+    addr6: str = ""  # the node's IPv6 address on the fabric
     stack: str | None = None  # the userspace node's PYRDS_STACK_NAME
     log: str | None = None  # its stack service's log file
     sockets: list[RemoteSocket] = field(default_factory=list)
@@ -355,6 +369,13 @@ class IbNode:
     def bound(self, timeout: float = HELLO_TIMEOUT) -> RemoteSocket:
         s = self.socket()
         s.bind((self.addr, 0))
+        s.settimeout(timeout)
+        return s
+
+    def bound6(self, timeout: float = HELLO_TIMEOUT) -> RemoteSocket:
+        """A socket pinned to RDS/IB bound to the node's IPv6 address (the kernel: rdma_cm port 16385)."""
+        s = self.socket()
+        s.bind((self.addr6, 0, 0, 0))
         s.settimeout(timeout)
         return s
 
@@ -413,6 +434,7 @@ class IbPair:
         try:
             tag = uuid.uuid4().hex[:8]
             specs: list[tuple[str, str, str, dict[str, str]]] = []
+            addrs6 = dict(zip("AB", fabric.addrs6(pair), strict=True))
             for name, backend, addr in zip("AB", backends, fabric.addrs(pair), strict=True):
                 env: dict[str, str] = {}
                 if backend == "userspace":
@@ -439,7 +461,9 @@ class IbPair:
                 if isinstance(agent, Agent):
                     stack_name = env.get("PYRDS_STACK_NAME")
                     log = env.get("PYRDS_STACK_LOG")
-                    nodes.append(IbNode(name, backend, addr, agent, stack_name, log, env=dict(env)))
+                    nodes.append(
+                        IbNode(name, backend, addr, agent, addrs6[name], stack_name, log, env=dict(env))
+                    )
             for agent in agents:
                 if isinstance(agent, BaseException):
                     raise agent

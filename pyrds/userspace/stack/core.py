@@ -199,7 +199,7 @@ class Stack:
         else:
             # rds_trans_get_preferred: loopback addresses -> loop; then each transport's laddr_check in t_type
             # order (IB = 0 before TCP = 2): an address of an RDMA device gives RDS/IB, as in the kernel (only
-            # in the initial namespace, where the service attaches IB at all; IPv4 only, see docs)
+            # in the initial namespace, where the service attaches IB at all; not IPv6 link-local, see docs)
             ib = None if is_loopback(ip) else self.transport_of(Transport.IB)
             if is_loopback(ip):
                 trans = Transport.LOOP

@@ -1,5 +1,7 @@
-"""One local RDS/IB address (IPv4) as an endpoint: an :class:`~.engine.IbEngine` per peer, at most one
-:class:`~.driver.IbConnection` each, optionally the rdma_cm listener on port 18634.
+"""One local RDS/IB address (IPv4 or IPv6) as an endpoint: an :class:`~.engine.IbEngine` per peer, at most
+one :class:`~.driver.IbConnection` each, optionally the rdma_cm listener: port 18634 for an IPv4 address,
+16385 for an IPv6 one (rdma_transport.c ``rds_rdma_listen_init``: ``RDS_PORT`` with the 32-byte private
+data, ``RDS_CM_PORT`` with the 56-byte one). A node's peers are of its own family.
 
 Not wired into the stack/service: this is the unit the guest smoke test (and later the IB ``Transport``)
 drives. Sending to a peer without a connection dials it; a connection that drops while messages are queued or
@@ -20,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from pyrds.addr import IPAddress
 from pyrds.userspace.proto import PathState
 from pyrds.userspace.proto.backoff import ReconnectBackoff
 from pyrds.userspace.transports.ib.driver import ConnState, FdLoop, IbConnection, IbListener, reject_request
@@ -27,13 +30,18 @@ from pyrds.userspace.transports.ib.engine import IbEngine
 from pyrds.userspace.transports.ib.events import IbEvent
 from pyrds.userspace.transports.ib.privdata import REJ_CONSUMER_DATA, ConnectPrivate
 from pyrds.userspace.transports.ib.verbs import CmEvent, CmId, Verbs
-from pyrds.userspace.transports.ib.wire import RDS_IB_PORT
+from pyrds.userspace.transports.ib.wire import RDS_CM_PORT, RDS_IB_PORT
 
 __all__ = ["IbNode"]
 
 log = logging.getLogger("pyrds.userspace.ib")
 
-EventSink = Callable[[ipaddress.IPv4Address, list[IbEvent]], None]
+EventSink = Callable[[IPAddress, list[IbEvent]], None]
+
+
+def cm_port(addr: IPAddress) -> int:
+    """The rdma_cm port of RDS/IB for ``addr``'s family: 18634 (IPv4), 16385 (IPv6)."""
+    return RDS_IB_PORT if addr.version == 4 else RDS_CM_PORT
 
 
 class IbNode:
@@ -41,11 +49,11 @@ class IbNode:
         self,
         verbs: Verbs,
         loop: FdLoop,
-        laddr: str | ipaddress.IPv4Address,
+        laddr: str | IPAddress,
         *,
         on_events: EventSink | None = None,
         listen: bool = True,
-        port: int = RDS_IB_PORT,
+        port: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         reconnect: bool = True,
         max_peers: int = 64,
@@ -54,25 +62,26 @@ class IbNode:
     ) -> None:
         self.verbs = verbs
         self.loop = loop
-        self.laddr = ipaddress.IPv4Address(laddr)
+        self.laddr: IPAddress = ipaddress.ip_address(laddr)
         self.on_events = on_events
-        self.port = port
+        #: the rdma_cm port this node listens on and dials (None: the family's, :func:`cm_port`)
+        self.port = cm_port(self.laddr) if port is None else port
         self.clock = clock
         self.reconnect = reconnect
         self.max_peers = max_peers
         self.engine_kwargs = dict(engine_kwargs or {})
-        self.engines: dict[ipaddress.IPv4Address, IbEngine] = {}
-        self.conns: dict[ipaddress.IPv4Address, IbConnection] = {}
+        self.engines: dict[IPAddress, IbEngine] = {}
+        self.conns: dict[IPAddress, IbConnection] = {}
         self.counters: Counter[str] = Counter()
         #: the counters of this node's connections that are gone (kept for RDS_INFO_COUNTERS)
         self.retired: Counter[str] = Counter()
         #: why each peer's connections ended, oldest first
-        self.closed: list[tuple[ipaddress.IPv4Address, str]] = []
+        self.closed: list[tuple[IPAddress, str]] = []
         self.listener: IbListener | None = None
         self._listen = listen
-        self._backoff: dict[ipaddress.IPv4Address, ReconnectBackoff] = {}
+        self._backoff: dict[IPAddress, ReconnectBackoff] = {}
         self._make_backoff = backoff
-        self._redial_pending: set[ipaddress.IPv4Address] = set()
+        self._redial_pending: set[IPAddress] = set()
         self._closing = False
 
     def start(self) -> None:
@@ -83,8 +92,15 @@ class IbNode:
             self.listener = listener
 
     # -- peers ----------------------------------------------------------------------------------------------
-    def engine(self, faddr: str | ipaddress.IPv4Address) -> IbEngine:
-        peer = ipaddress.IPv4Address(faddr)
+    def _peer(self, faddr: str | IPAddress) -> IPAddress:
+        """``faddr`` as an address of this node's family (ValueError otherwise)."""
+        peer = ipaddress.ip_address(faddr)
+        if peer.version != self.laddr.version:
+            raise ValueError(f"{peer}: not an IPv{self.laddr.version} address")
+        return peer
+
+    def engine(self, faddr: str | IPAddress) -> IbEngine:
+        peer = self._peer(faddr)
         engine = self.engines.get(peer)
         if engine is None:
             if len(self.engines) >= self.max_peers:
@@ -93,27 +109,27 @@ class IbNode:
             self.engines[peer] = engine
         return engine
 
-    def connection(self, faddr: str | ipaddress.IPv4Address) -> IbConnection | None:
-        return self.conns.get(ipaddress.IPv4Address(faddr))
+    def connection(self, faddr: str | IPAddress) -> IbConnection | None:
+        return self.conns.get(ipaddress.ip_address(faddr))
 
-    def send(self, faddr: str | ipaddress.IPv4Address, sport: int, dport: int, payload: bytes) -> int:
+    def send(self, faddr: str | IPAddress, sport: int, dport: int, payload: bytes) -> int:
         """Queue a message to ``faddr`` (dialling it if needed); returns its sequence number."""
         engine = self.engine(faddr)
         seq = engine.queue(sport, dport, payload)
-        self._kick(ipaddress.IPv4Address(engine.faddr))
+        self._kick(engine.faddr)
         return seq
 
-    def ping(self, faddr: str | ipaddress.IPv4Address, sport: int) -> int:
+    def ping(self, faddr: str | IPAddress, sport: int) -> int:
         engine = self.engine(faddr)
         seq = engine.send_ping(sport)
-        self._kick(ipaddress.IPv4Address(engine.faddr))
+        self._kick(engine.faddr)
         return seq
 
-    def connect(self, faddr: str | ipaddress.IPv4Address) -> None:
+    def connect(self, faddr: str | IPAddress) -> None:
         """Dial ``faddr`` now unless a connection exists."""
-        self._kick(ipaddress.IPv4Address(self.engine(faddr).faddr))
+        self._kick(self.engine(faddr).faddr)
 
-    def _kick(self, peer: ipaddress.IPv4Address) -> None:
+    def _kick(self, peer: IPAddress) -> None:
         conn = self.conns.get(peer)
         if conn is not None and conn.state != ConnState.CLOSED:
             conn.kick()
@@ -133,14 +149,14 @@ class IbNode:
         assert ev.request is not None
         request = ev.request
         try:
-            req = ConnectPrivate.parse(ev.private_data, ipv6=False)
+            req = ConnectPrivate.parse(ev.private_data, ipv6=self.laddr.version == 6)
         except ValueError as exc:
             self._reject(request, "ib_bad_private_data", f"bad private data: {exc}")
             return None
         if req.daddr != self.laddr:
             self._reject(request, "ib_request_not_ours", f"request for {req.daddr}")
             return None
-        peer = ipaddress.IPv4Address(req.saddr)
+        peer = req.saddr
         if peer not in self.engines and len(self.engines) >= self.max_peers:
             self._reject(request, "ib_request_too_many_peers", f"request from {peer}: too many peers")
             return None
@@ -172,12 +188,12 @@ class IbNode:
 
     # -- ConnOwner ------------------------------------------------------------------------------------------
     def conn_events(self, conn: IbConnection, events: list[IbEvent]) -> None:
-        peer = ipaddress.IPv4Address(conn.engine.faddr)
+        peer = conn.engine.faddr
         if self.on_events is not None:
             self.on_events(peer, events)
 
     def conn_closed(self, conn: IbConnection, reason: str) -> None:
-        peer = ipaddress.IPv4Address(conn.engine.faddr)
+        peer = conn.engine.faddr
         self.retired.update(conn.counters)
         self.closed.append((peer, reason))
         if self.conns.get(peer) is conn:

@@ -1,25 +1,25 @@
 """The RDS/IB transport of the userspace stack (``rds_ib_transport``): one :class:`~.node.IbNode` per local
-IPv4 address that has an RDMA device, behind the :class:`~pyrds.userspace.stack.transport.Transport`
+IPv4 or IPv6 address that has an RDMA device, behind the :class:`~pyrds.userspace.stack.transport.Transport`
 interface. Sockets pinned with ``SO_RDS_TRANSPORT=IB`` use it, and so do unpinned sockets bound to an
-RDMA device's IPv4 address (``Stack.bind``, as rds_trans_get_preferred tries IB before TCP).
+RDMA device's address (``Stack.bind``, as rds_trans_get_preferred tries IB before TCP).
 
 A node is made the first time an address passes :meth:`IbTransport.laddr_check` (``rds_ib_laddr_check``: a
-socket binds it). It listens on rdma_cm port 18634 when it can; when the port is taken (the
-kernel's rds_rdma listens on it in the initial namespace) the node runs active-only and the log says so.
-The nodes' engine events become :class:`~pyrds.userspace.stack.transport.StackHost` calls as the TCP
-transport makes them: messages are delivered, the peer's acks release the sent messages, a peer's congestion
-map replaces ours.
+socket binds it). It listens on rdma_cm port 18634 (IPv4) or 16385 (IPv6) when it can; when the port is
+taken (the kernel's rds_rdma listens on both in the initial namespace) the node runs active-only and the log
+says so. The nodes' engine events become :class:`~pyrds.userspace.stack.transport.StackHost` calls as the
+TCP transport makes them: messages are delivered, the peer's acks release the sent messages, a peer's
+congestion map replaces ours.
 
-Not done (yet): IPv6 (the driver is IPv4 only); holding a connection while a receiving socket is over its cap
-(the message is queued all the same and counted in ``ib_recv_over_cap``); a message cancelled before it
-reached the wire is still sent (only its accounting stops, as for a TCP message already in the engine);
-one connection per peer, TOS 0.
+Not done (yet): IPv6 link-local addresses (the kernel binds them with the socket's scope id; here the address
+check refuses them, so such a bind gets the errno of an address without an RDMA device); holding a
+connection while a receiving socket is over its cap (the message is queued all the same and counted in
+``ib_recv_over_cap``); a message cancelled before it reached the wire is still sent (only its accounting
+stops, as for a TCP message already in the engine); one connection per peer, TOS 0.
 """
 
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import struct
 import time
@@ -58,7 +58,7 @@ from pyrds.userspace.transports.ib.driver import ConnState, FdLoop
 from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked, RdmaCompleted
 from pyrds.userspace.transports.ib.node import IbNode
 from pyrds.userspace.transports.ib.verbs import MemoryRegion, Verbs, VerbsError
-from pyrds.userspace.transports.ib.wire import RDS_IB_PORT
+from pyrds.userspace.transports.ib.wire import RDS_CM_PORT, RDS_IB_PORT
 
 __all__ = ["IbTransport"]
 
@@ -74,7 +74,7 @@ MAX_NODES = 64
 RDS_IB_MAX_SGE = 8
 _NO_GID = bytes(16)
 
-Key = tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]
+Key = tuple[IPAddress, IPAddress]
 
 
 def _rdma_exthdrs(inc: Incoming, exthdrs: Iterable[ExtHeader]) -> None:
@@ -88,9 +88,10 @@ def _rdma_exthdrs(inc: Incoming, exthdrs: Iterable[ExtHeader]) -> None:
             inc.rdma_cookie = key | offset << 32  # rds_rdma_make_cookie
 
 
-def _v4(ip: IPAddress) -> ipaddress.IPv4Address | None:
-    ip = normalize(ip)
-    return ip if isinstance(ip, ipaddress.IPv4Address) else None
+def _pair(saddr: IPAddress, daddr: IPAddress) -> Key | None:
+    """(local, peer) as the nodes key them (v4-mapped IPv6 as IPv4), or None when the families differ."""
+    la, fa = normalize(saddr), normalize(daddr)
+    return (la, fa) if la.version == fa.version else None
 
 
 class IbTransport:
@@ -106,6 +107,7 @@ class IbTransport:
         *,
         listen: bool = True,
         port: int = RDS_IB_PORT,
+        port6: int = RDS_CM_PORT,
         clock: Callable[[], float] = time.monotonic,
         engine_kwargs: dict[str, int] | None = None,
     ) -> None:
@@ -113,14 +115,16 @@ class IbTransport:
         self.loop = loop
         self.verbs = verbs
         self.listen = listen
+        #: rdma_cm ports of IPv4 and IPv6 nodes (18634 and 16385, as the kernel's :func:`~.node.cm_port`)
         self.port = port
+        self.port6 = port6
         self.clock = clock
         self.engine_kwargs = dict(engine_kwargs or {})
-        self.nodes: dict[ipaddress.IPv4Address, IbNode] = {}
+        self.nodes: dict[IPAddress, IbNode] = {}
         #: messages of sockets on the wire or queued, by connection and sequence, until acked
         self.pending: dict[Key, dict[int, Outgoing]] = {}
         self.closed = False
-        self._refused: dict[ipaddress.IPv4Address, float] = {}
+        self._refused: dict[IPAddress, float] = {}
         self._corked: dict[Key, None] | None = None
 
     # -- addresses and nodes
@@ -128,28 +132,30 @@ class IbTransport:
         """Nothing to listen on yet: each address gets its node (and listener) when it is first checked."""
 
     def laddr_check(self, ip: IPAddress) -> bool:
-        """``rds_ib_laddr_check``: ``ip`` is an IPv4 address of an RDMA device of this node (then it has a
-        node from now on)."""
-        v4 = _v4(ip)
-        if v4 is None or v4.is_unspecified or is_loopback(v4) or self.closed:
+        """``rds_ib_laddr_check``: ``ip`` is an address of an RDMA device of this node (then it has a node
+        from now on). IPv6 link-local addresses are refused (see the module docstring)."""
+        addr = normalize(ip)
+        if addr.is_unspecified or is_loopback(addr) or self.closed:
             return False
-        if v4 in self.nodes:
+        if addr.version == 6 and (addr.is_link_local or addr.is_multicast):
+            return False
+        if addr in self.nodes:
             return True
         now = time.monotonic()
-        until = self._refused.get(v4)
+        until = self._refused.get(addr)
         if until is not None and until > now:
             return False
-        dev = self.verbs.addr_device(str(v4))
+        dev = self.verbs.addr_device(str(addr))
         if dev is None or len(self.nodes) >= MAX_NODES:
             if len(self._refused) >= 4 * MAX_NODES:
                 self._refused.clear()
-            self._refused[v4] = now + NEGATIVE_CHECK_TTL
+            self._refused[addr] = now + NEGATIVE_CHECK_TTL
             return False
-        self._refused.pop(v4, None)
-        self._node(v4, dev)
+        self._refused.pop(addr, None)
+        self._node(addr, dev)
         return True
 
-    def _node(self, laddr: ipaddress.IPv4Address, dev: str) -> IbNode:
+    def _node(self, laddr: IPAddress, dev: str) -> IbNode:
         kwargs: dict[str, object] = {
             "local_map": self.host.local_cong_map(laddr),
             "ping_enable": bool(self.host.config.sysctl["ping_enable"]),
@@ -161,7 +167,7 @@ class IbTransport:
             laddr,
             on_events=lambda peer, events: self._events(laddr, peer, events),
             listen=self.listen,
-            port=self.port,
+            port=self.port if laddr.version == 4 else self.port6,
             clock=self.clock,
             max_peers=MAX_PEERS,
             engine_kwargs=kwargs,
@@ -177,21 +183,19 @@ class IbTransport:
                     "active only, peers cannot connect to this address",
                     laddr,
                     dev,
-                    self.port,
+                    node.port,
                     errno.errorcode.get(exc.errno, exc.errno),
                 )
             else:
                 log.warning("RDS/IB %s (%s): cannot listen (%s): active only", laddr, dev, exc)
         else:
             if self.listen:
-                log.info("RDS/IB %s (%s): listening on rdma_cm port %d", laddr, dev, self.port)
+                log.info("RDS/IB %s (%s): listening on rdma_cm port %d", laddr, dev, node.port)
         self.nodes[laddr] = node
         return node
 
     # -- events of the nodes
-    def _events(
-        self, laddr: ipaddress.IPv4Address, peer: ipaddress.IPv4Address, events: list[IbEvent]
-    ) -> None:
+    def _events(self, laddr: IPAddress, peer: IPAddress, events: list[IbEvent]) -> None:
         host = self.host
         for ev in events:
             match ev:
@@ -217,9 +221,7 @@ class IbTransport:
                 case NpathsNegotiated() | PongReceived() | CongMapDropped():
                     pass  # one path; a map of the wrong length is ignored
 
-    def _release(
-        self, laddr: ipaddress.IPv4Address, peer: ipaddress.IPv4Address, seqs: Iterable[int]
-    ) -> None:
+    def _release(self, laddr: IPAddress, peer: IPAddress, seqs: Iterable[int]) -> None:
         pending = self.pending.get((laddr, peer))
         if not pending:
             return
@@ -231,9 +233,10 @@ class IbTransport:
     # -- the Transport interface
     def transmit(self, msg: Outgoing, hash_key: HashKey) -> None:
         del hash_key  # one path (t_mp_capable = 0)
-        laddr, faddr = _v4(msg.saddr), _v4(msg.daddr)
-        if laddr is None or faddr is None:
-            raise OSError(errno.EAFNOSUPPORT, "RDS/IB: IPv4 only")
+        key = _pair(msg.saddr, msg.daddr)
+        if key is None:
+            raise OSError(errno.EAFNOSUPPORT, "RDS/IB: source and destination of different families")
+        laddr, faddr = key
         node = self.nodes.get(laddr)
         if node is None:
             raise OSError(errno.EADDRNOTAVAIL, f"RDS/IB: {laddr} has no RDMA device")
@@ -259,13 +262,14 @@ class IbTransport:
         """``rds_ib_get_mr`` for a message to ``faddr``: ``length`` bytes registered for remote access on
         that connection's queue pair (the kernel posts its FRWR registration there). No connection up:
         ENODEV in the kernel, which ``rds_cmsg_send`` returns as EAGAIN after starting the connection."""
-        v4l, v4f = _v4(laddr), _v4(faddr)
-        node = self.nodes.get(v4l) if v4l is not None else None
-        if node is None or v4f is None:
+        key = _pair(laddr, faddr)
+        node = self.nodes.get(key[0]) if key is not None else None
+        if node is None or key is None:
             raise StackError(errno.ENODEV)
-        conn = node.conns.get(v4f)
+        peer = key[1]
+        conn = node.conns.get(peer)
         if conn is None or conn.state != ConnState.UP or conn.qp is None:
-            node.connect(v4f)  # rds_conn_connect_if_down
+            node.connect(peer)  # rds_conn_connect_if_down
             raise StackError(errno.EAGAIN)
         try:
             return conn.qp.reg_mr(length, remote=True)
@@ -284,18 +288,17 @@ class IbTransport:
                 node.connect(faddr)  # posts on the connection, or dials
 
     def cancel(self, msg: Outgoing) -> None:
-        laddr, faddr = _v4(msg.saddr), _v4(msg.daddr)
-        if laddr is None or faddr is None:
+        key = _pair(msg.saddr, msg.daddr)
+        if key is None:
             return
-        pending = self.pending.get((laddr, faddr))
+        pending = self.pending.get(key)
         if pending is not None and pending.get(msg.seq) is msg:
             del pending[msg.seq]
 
     def cong_map_changed(self, laddr: IPAddress) -> None:
         """rds_cong_queue_updates: the map goes to every peer connected from ``laddr``; a connection made
         later sends it when it comes up."""
-        v4 = _v4(laddr)
-        node = self.nodes.get(v4) if v4 is not None else None
+        node = self.nodes.get(normalize(laddr))
         if node is None:
             return
         for faddr, engine in node.engines.items():

@@ -336,8 +336,11 @@ class FakeCmId:
 
 
 def roce_gid(addr: str) -> bytes:
-    """The GID RoCE gives an IPv4 address (``::ffff:a.b.c.d``), or zeros for no address."""
-    return bytes(10) + b"\xff\xff" + ipaddress.IPv4Address(addr).packed if addr else bytes(16)
+    """The GID RoCE v2 gives an address: IPv4 as ``::ffff:a.b.c.d``, IPv6 as itself; zeros for no address."""
+    if not addr:
+        return bytes(16)
+    ip = ipaddress.ip_address(addr)
+    return bytes(10) + b"\xff\xff" + ip.packed if ip.version == 4 else ip.packed
 
 
 class FakeQP:

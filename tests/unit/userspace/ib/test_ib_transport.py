@@ -26,7 +26,8 @@ from pyrds.userspace.stack.sockstate import SockState
 from pyrds.userspace.stack.transport import select_transport
 from pyrds.userspace.transports import ib_transport, loop_transport
 from pyrds.userspace.transports.ib.transport import IbTransport
-from pyrds.userspace.transports.ib.wire import RDS_IB_PORT
+from pyrds.userspace.transports.ib.verbs import CmEventKind, ConnParams, QpConfig
+from pyrds.userspace.transports.ib.wire import RDS_CM_PORT, RDS_IB_PORT
 
 A = "10.7.0.1"
 B = "10.7.0.2"
@@ -305,3 +306,120 @@ def test_an_ib_connection_up_keeps_an_idle_service(monkeypatch: pytest.MonkeyPat
         pair.ib_a.close()
         pair.ib_b.close()
         svc.close()
+
+
+# -- IPv6 ----------------------------------------------------------------------------------------------------
+A6 = "fd00:98::1"
+B6 = "fd00:98::2"
+
+
+def pair6(**kw: object) -> Pair:
+    pair = Pair(**kw)  # type: ignore[arg-type]
+    pair.fabric.devices.update({A6: "rxe0", B6: "rxe0"})
+    return pair
+
+
+def ib_socket6(stack: Stack, addr: str, port: int) -> SockState:
+    rs = stack.open()
+    setsockopt(stack, rs, SOL_RDS, SockOpt.SO_RDS_TRANSPORT, int(TransportType.IB))
+    stack.bind(rs, ipaddress.IPv6Address(addr), port, 0)
+    return rs
+
+
+def test_ipv6_over_ib_port_16385_and_the_56_byte_private_data() -> None:
+    """rds_rdma_listen_init: IPv6 listens on RDS_CM_PORT (16385) and parses rds6_ib_connect_private (56
+    bytes); rds_ib_conn_path_connect dials c_faddr:16385 for an IPv6 connection."""
+    pair = pair6()
+    sa = ib_socket6(pair.a, A6, 4000)
+    sb = ib_socket6(pair.b, B6, 5000)
+    a6, b6 = ipaddress.IPv6Address(A6), ipaddress.IPv6Address(B6)
+    assert pair.ib_a.nodes[a6].port == RDS_CM_PORT and pair.ib_b.nodes[b6].port == RDS_CM_PORT
+    assert (B6, RDS_CM_PORT) in pair.fabric.listeners and (B6, RDS_IB_PORT) not in pair.fabric.listeners
+    sizes = [0, 1, 4097, 65536]
+    for i, n in enumerate(sizes):
+        assert pair.a.sendmsg(sa, payload(n, i), [], 0, (b6, 5000), True) == n
+    pair.loop.run()
+    assert recv_all(pair.b, sb) == [(payload(n, i), (A6, 4000)) for i, n in enumerate(sizes)]
+    pair.b.sendmsg(sb, b"back", [], 0, (a6, 4000), True)
+    pair.loop.run()
+    assert recv_all(pair.a, sa) == [(b"back", (B6, 5000))]
+    conn = pair.ib_a.nodes[a6].conns[b6]
+    assert conn.cmid is not None
+    dialled = conn.cmid
+    assert (dialled.dst, dialled.port) == (B6, RDS_CM_PORT)  # type: ignore[attr-defined]
+    private = dialled.sent_private  # type: ignore[attr-defined]
+    assert len(private) == 56
+    assert private[:16] == a6.packed and private[16:32] == b6.packed  # dp_saddr = mine, dp_daddr = yours
+    assert sa.snd_bytes == 0 and not pair.ib_a.pending[(a6, b6)]
+    # the info tables: the v6 tables list the IPv6 connection, the v4 ones leave it out (ib.c visitors)
+    rows6 = info_tables.records(pair.a, InfoType.RDS6_INFO_IB_CONNECTIONS)
+    assert [(r.src_addr, r.dst_addr) for r in rows6] == [(a6, b6)]
+    assert rows6[0].src_gid == a6.packed and rows6[0].dst_gid == b6.packed
+    assert info_tables.records(pair.a, InfoType.RDS_INFO_IB_CONNECTIONS) == []
+    conns6 = info_tables.records(pair.a, InfoType.RDS6_INFO_CONNECTIONS)
+    assert [(r.laddr, r.faddr, r.transport) for r in conns6] == [(a6, b6, "infiniband")]
+    assert info_tables.records(pair.a, InfoType.RDS_INFO_CONNECTIONS) == []
+
+
+def test_ipv4_and_ipv6_nodes_side_by_side() -> None:
+    pair = pair6()
+    sa4, sb4 = ib_socket(pair.a, A, 4000), ib_socket(pair.b, B, 5000)
+    sa6, sb6 = ib_socket6(pair.a, A6, 4000), ib_socket6(pair.b, B6, 5000)
+    pair.a.sendmsg(sa4, b"four", [], 0, (ip(B), 5000), True)
+    pair.a.sendmsg(sa6, b"six", [], 0, (ipaddress.IPv6Address(B6), 5000), True)
+    pair.loop.run()
+    assert recv_all(pair.b, sb4) == [(b"four", (A, 4000))]
+    assert recv_all(pair.b, sb6) == [(b"six", (A6, 4000))]
+    assert {(la, p) for la, p in pair.fabric.listeners} >= {(B, RDS_IB_PORT), (B6, RDS_CM_PORT)}
+
+
+def test_ipv6_request_on_the_v6_listener_is_parsed_as_56_bytes() -> None:
+    """The v6 listener parses the REQ as rds6_ib_connect_private: one naming another IPv6 address as dp_daddr
+    is rejected as not ours (rds_ib_cm_handle_connect builds the connection from these fields)."""
+    from pyrds.userspace.transports.ib.privdata import ConnectPrivate
+
+    pair = pair6()
+    ib_socket6(pair.b, B6, 5000)
+    node_b = pair.ib_b.nodes[ipaddress.IPv6Address(B6)]
+    ch = pair.fabric.verbs().create_channel()
+    cm = ch.create_id()
+    cm.resolve_addr(A6, B6, RDS_CM_PORT, 5000)
+    cm.create_qp(QpConfig(8, 8))
+    cm.qp.to_init()  # type: ignore[union-attr]
+    wrong = ConnectPrivate(
+        ipaddress.IPv6Address(A6), ipaddress.IPv6Address("fd00:98::9"), 3, 1, 3, 0, 0, 0
+    ).pack()
+    cm.connect(ConnParams(wrong))
+    pair.loop.run()
+    assert node_b.counters["ib_request_not_ours"] == 1 and node_b.counters["ib_rejected"] == 1
+    assert node_b.conns == {} and node_b.engines == {}
+    kinds = []
+    while (ev := ch.get_event()) is not None:
+        kinds.append(ev.kind)
+    assert CmEventKind.REJECTED in kinds  # the REJ reached the dialler
+
+
+def test_ipv6_link_local_fails_the_ib_address_check() -> None:
+    """Divergence (docs/userspace.md): the kernel binds an IPv6 link-local address with the socket's scope id;
+    here the IB address check refuses it: a pinned socket's bind is ENOPROTOOPT (rds_bind)."""
+    pair = pair6()
+    pair.fabric.devices["fe80::1"] = "rxe0"
+    rs = pair.a.open()
+    setsockopt(pair.a, rs, SOL_RDS, SockOpt.SO_RDS_TRANSPORT, int(TransportType.IB))
+    with pytest.raises(StackError) as ei:
+        pair.a.bind(rs, ipaddress.IPv6Address("fe80::1"), 4000, 3)
+    assert ei.value.code == errno.ENOPROTOOPT
+    assert "fe80::1" not in pair.fabric.addr_checks
+
+
+def test_kernel_holding_16385_leaves_an_ipv6_node_active_only(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="pyrds.userspace.ib")
+    pair = pair6(listen_errno=errno.EADDRNOTAVAIL)
+    pair.fabric.verbs().create_channel().create_id().listen(A6, RDS_CM_PORT, 128)
+    sa = ib_socket6(pair.a, A6, 4000)
+    assert pair.ib_a.nodes[ipaddress.IPv6Address(A6)].listener is None
+    assert any("16385" in r.getMessage() and "active only" in r.getMessage() for r in caplog.records)
+    sb = ib_socket6(pair.b, B6, 5000)
+    pair.a.sendmsg(sa, b"hello", [], 0, (ipaddress.IPv6Address(B6), 5000), True)
+    pair.loop.run()
+    assert recv_all(pair.b, sb) == [(b"hello", (A6, 4000))]
