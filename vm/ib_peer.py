@@ -2,10 +2,11 @@
 userspace node of the RDS/IB kernel->userspace scenarios, which one machine cannot host (the kernel's rds_rdma
 holds rdma_cm port 18634 wherever it is loaded).
 
-It unloads rds_rdma (this guest never makes a kernel RDS/IB connection, so the unload is safe), waits until
-the link's rxe device (``$PYRDS_RXE``, made by ``vm/guest.py``) has a GID for this guest's address, then
-becomes :mod:`pyrds.testing.peeragent` with a fresh token in ``$PYRDS_VM_RESULTS/peer-token``. The userspace
-stack it starts for its first socket finds the rxe device and listens on 18634 of the link address.
+It unloads rds_rdma (this guest never makes a kernel RDS/IB connection, so the unload is safe), gives the
+link its IPv6 twin address (``pyrds.testing.ib.link6``), waits until the link's rxe device (``$PYRDS_RXE``,
+made by ``vm/guest.py``) has GIDs for both of this guest's addresses, then becomes
+:mod:`pyrds.testing.peeragent` with a fresh token in ``$PYRDS_VM_RESULTS/peer-token``. The userspace stack it
+starts for its first socket finds the rxe device and listens on 18634 (IPv6: 16385) of the link addresses.
 """
 
 from __future__ import annotations
@@ -38,18 +39,22 @@ def _gids(dev: str) -> set[bytes]:
 def main() -> int:
     env = os.environ
     rxe, local, results = env.get("PYRDS_RXE"), env.get("PYRDS_LOCAL_ADDR"), env.get("PYRDS_VM_RESULTS")
-    if not (rxe and local and results):
+    if not (rxe and local and results and env.get("PYRDS_NETDEV")):
         print("vm.ib_peer: needs the two-guests topology (PYRDS_RXE, PYRDS_LOCAL_ADDR)", file=sys.stderr)
         return 2
     res = subprocess.run(["modprobe", "-r", "rds_rdma"], capture_output=True, text=True, check=False)
     if res.returncode or os.path.isdir("/sys/module/rds_rdma"):
         print(f"vm.ib_peer: rds_rdma stays loaded: {res.stderr.strip()}", file=sys.stderr)
         return 1
-    want = ipaddress.IPv6Address(f"::ffff:{local}").packed
+    netdev = env.get("PYRDS_NETDEV", "")
+    from pyrds.testing.ib import add_link6  # noqa: PLC0415 - after the environment checks
+
+    local6 = add_link6(netdev, local)  # the IPv6 twin of the link (RDS/IB over IPv6: rdma_cm port 16385)
+    want = {ipaddress.IPv6Address(f"::ffff:{local}").packed, ipaddress.IPv6Address(local6).packed}
     deadline = time.monotonic() + GID_WAIT_S
-    while want not in _gids(rxe):
+    while not want <= _gids(rxe):
         if time.monotonic() > deadline:
-            print(f"vm.ib_peer: {rxe} has no GID for {local}", file=sys.stderr)
+            print(f"vm.ib_peer: {rxe} has no GIDs for {local} and {local6}", file=sys.stderr)
             return 1
         time.sleep(0.1)
     token_file = os.path.join(results, "peer-token")

@@ -21,9 +21,12 @@ Node A is the one that sends first: the pairing ``A-B`` means A dials. Pairings 
   ``rds_shutdown_worker``: rds running the unloaded module's code). That order crashed both boots of 7.3 in
   a full matrix run and survived five others (the IB phase alone on 6.1, 6.12, 7.3; the full run on 6.1,
   6.12), 2026-11-27;
-- ``kernel-userspace`` is NOT covered: the kernel would dial the userspace address on port 18634, where only
-  its own rds_rdma listens (one machine, one rdma_cm port space), so it would connect to itself. It needs two
-  machines (guests); the fixture reports it as a skip with that reason, never as a pass.
+- ``kernel-userspace`` cannot run on one machine: the kernel would dial the userspace address on port 18634,
+  where only its own rds_rdma listens (one machine, one rdma_cm port space), so it would connect to itself.
+  In guest A of a ``python -m vm ... --peer-ib`` run (:func:`peer_link`) it runs across the two guests:
+  node A is this guest's kernel on its link address (an rxe device made on the link, :data:`LINK_RXE`), node
+  B guest B's userspace stack, driven through :class:`~pyrds.testing.peeragent.PeerAgent` (``vm/ib_peer.py``).
+  Anywhere else the fixture reports it as a skip with the one-machine reason, never as a pass.
 
 The scenarios need the initial namespace to themselves (an rxe device appearing would change what a
 userspace stack started meanwhile attaches; rds_rdma is unloaded for a while), so they run in a phase of
@@ -91,6 +94,25 @@ PEER_HELLO_ATTEMPTS = 6
 PEER_HELLO_WAIT = 15.0
 #: pairings that need rdma_cm port 18634 free: rds_rdma is unloaded while they live
 UNLOADS_RDS_RDMA = frozenset({"userspace-userspace"})
+
+
+#: the IPv6 /64 of the inter-guest link (``vm``'s two-guests topology gives IPv4 only): each guest's IPv6
+#: address is this prefix and its IPv4 address's last byte (:func:`link6`)
+LINK6_PREFIX = "fd00:99::"
+
+
+def link6(addr4: str) -> str:
+    """The IPv6 link address of the guest whose IPv4 link address is ``addr4`` (10.99.0.2 -> fd00:99::2)."""
+    return f"{LINK6_PREFIX}{int(ipaddress.IPv4Address(addr4).packed[-1]):x}"
+
+
+def add_link6(netdev: str, addr4: str) -> str:
+    """Give ``netdev`` its IPv6 link address (:func:`link6`, /64, no duplicate detection); returns it."""
+    addr6 = link6(addr4)
+    res = _sh("ip", "-6", "addr", "add", f"{addr6}/64", "dev", netdev, "nodad", check=False)
+    if res.returncode and "File exists" not in res.stderr:
+        raise IbSetupError(f"ip -6 addr add {addr6}/64 dev {netdev}: {(res.stdout + res.stderr).strip()}")
+    return addr6
 
 
 @dataclass(frozen=True)
@@ -277,12 +299,15 @@ class IbFabric:
         """An rxe device on the inter-guest link (once; removed by :meth:`destroy`), with a GID for this
         guest's link address."""
         if not self.link_rxe_made:
+            add_link6(link.netdev, link.local)
             _sh("rdma", "link", "add", LINK_RXE, "type", "rxe", "netdev", link.netdev)
             self.link_rxe_made = True
+        want = {v4_mapped(link.local), ipaddress.IPv6Address(link6(link.local)).packed}
         deadline = time.monotonic() + timeout
-        while v4_mapped(link.local) not in _gids(LINK_RXE):
+        while not want <= _gids(LINK_RXE):
             if time.monotonic() > deadline:
-                raise IbSetupError(f"{LINK_RXE}: no GID for {link.local} after {timeout:g} s")
+                missing = f"{link.local} and {link6(link.local)}"
+                raise IbSetupError(f"{LINK_RXE}: no GIDs for {missing} after {timeout:g} s")
             time.sleep(0.1)
 
     def destroy(self) -> None:
@@ -492,9 +517,9 @@ class IbPair:
         nodes: list[IbNode] = []
         try:
             agent_a = Agent(None, name=f"A:{backend_a}:ib")
-            nodes.append(IbNode("A", backend_a, link.local, agent_a))
+            nodes.append(IbNode("A", backend_a, link.local, agent_a, link6(link.local)))
             agent_b = PeerAgent(link.peer, PORT, read_token_file(link.token_file), name=f"B:{backend_b}:peer")
-            nodes.append(IbNode("B", backend_b, link.peer, agent_b))  # type: ignore[arg-type]
+            nodes.append(IbNode("B", backend_b, link.peer, agent_b, link6(link.peer)))  # type: ignore[arg-type]
             made = cls(nodes[0], nodes[1], False)
             made.hello(attempts=PEER_HELLO_ATTEMPTS)
             return made

@@ -119,3 +119,8 @@ def test_a_peer_guest_covers_kernel_userspace() -> None:
         assert ib.peer_link(partial) is None
         assert ib.not_covered("kernel-userspace", partial) == ib.NOT_COVERED["kernel-userspace"]
     assert ib.peer_link({**env, "PYRDS_ROLE": "b"}) is None  # guest B is the peer, not the suite
+
+
+def test_link6_is_the_ipv6_twin_of_the_link_address() -> None:
+    assert ib.link6("10.99.0.1") == "fd00:99::1" and ib.link6("10.99.0.2") == "fd00:99::2"
+    assert ib.link6("10.99.0.254") == "fd00:99::fe"
