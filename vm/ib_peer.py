@@ -2,7 +2,8 @@
 userspace node of the RDS/IB kernel->userspace scenarios, which one machine cannot host (the kernel's rds_rdma
 holds rdma_cm port 18634 wherever it is loaded).
 
-It unloads rds_rdma (this guest never makes a kernel RDS/IB connection, so the unload is safe), gives the
+It unloads rds_rdma (this guest never makes a kernel RDS/IB connection, so the unload is safe), raises
+``net.core.wmem_max`` / ``rmem_max`` to the IB sockets' 4 MiB (as the fabric does in guest A), gives the
 link its IPv6 twin address (``pyrds.testing.ib.link6``), waits until the link's rxe device (``$PYRDS_RXE``,
 made by ``vm/guest.py``) has GIDs for both of this guest's addresses, then becomes
 :mod:`pyrds.testing.peeragent` with a fresh token in ``$PYRDS_VM_RESULTS/peer-token``. The userspace stack it
@@ -47,7 +48,11 @@ def main() -> int:
         print(f"vm.ib_peer: rds_rdma stays loaded: {res.stderr.strip()}", file=sys.stderr)
         return 1
     netdev = env.get("PYRDS_NETDEV", "")
-    from pyrds.testing.ib import add_link6  # noqa: PLC0415 - after the environment checks
+    from pyrds.testing.ib import SOCK_BUF, add_link6  # noqa: PLC0415 - after the environment checks
+
+    for name in ("wmem_max", "rmem_max"):  # as IbFabric in guest A: 4 MiB socket buffers (1 MiB messages)
+        with open(f"/proc/sys/net/core/{name}", "w") as f:
+            f.write(f"{SOCK_BUF}\n")
 
     local6 = add_link6(netdev, local)  # the IPv6 twin of the link (RDS/IB over IPv6: rdma_cm port 16385)
     want = {ipaddress.IPv6Address(f"::ffff:{local}").packed, ipaddress.IPv6Address(local6).packed}
