@@ -10,53 +10,29 @@ Runs with ``--rds-ib`` in the IB phase, like :mod:`tests.conformance.test_ib`; k
 from __future__ import annotations
 
 import ipaddress
-import random
 from typing import Any
 
 import pytest
 
 from pyrds import info
-from pyrds.constants import SOL_RDS, InfoType, SockOpt, Transport
+from pyrds.constants import InfoType
+from tests.conformance.test_ib import roundtrip
 
 pytestmark = pytest.mark.rds_ib
 
 SIZES = {"0B": 0, "4097B": 4097, "64KiB": 64 << 10}
-RECV_BUF = 2 << 20
-
-
-def _payload(n: int, salt: str) -> bytes:
-    return random.Random(f"v6/{salt}/{n}").randbytes(n)
 
 
 def _pair6(rds_ib_pair: Any) -> tuple[Any, Any]:
     return rds_ib_pair.a.bound6(), rds_ib_pair.b.bound6()
 
 
-def _host(addr: Any) -> tuple[str, int]:
-    """(address text, port) of a socket address tuple (IPv6 ones carry flowinfo and scope id too)."""
-    return str(ipaddress.ip_address(addr[0])), int(addr[1])
-
-
 @pytest.mark.parametrize("size", list(SIZES.values()), ids=list(SIZES))
 def test_ib_ipv6_roundtrip(rds_ib_pair, rds_observe, size):
     """A message of ``size`` bytes A->B over the nodes' IPv6 addresses, then another B->A: both sockets on
-    RDS/IB, payload and source address intact."""
+    RDS/IB, payload and source address intact (test_ib.roundtrip)."""
     a, b = _pair6(rds_ib_pair)
-    ta = a.getsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT)
-    tb = b.getsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT)
-    rds_observe("transport", (ta, tb))
-    assert ta == tb == Transport.IB
-    there, back = _payload(size, "A->B"), _payload(size, "B->A")
-    assert a.sendto(there, b.getsockname()) == size
-    got, src = b.recvfrom(RECV_BUF)
-    rds_observe("a_to_b", got == there)
-    assert got == there, f"A->B: {len(got)} bytes, want {size}"
-    assert _host(src) == _host(a.getsockname())
-    assert b.sendto(back, a.getsockname()) == size
-    got, src = a.recvfrom(RECV_BUF)
-    rds_observe("b_to_a", got == back)
-    assert got == back, f"B->A: {len(got)} bytes, want {size}"
-    assert _host(src) == _host(b.getsockname())
+    roundtrip(a, b, size, rds_observe, salt="v6/")
 
 
 def test_ib_ipv6_connection_info(rds_ib_pair, rds_observe):
