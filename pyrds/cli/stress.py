@@ -144,7 +144,7 @@ class Summary:
     def text(self) -> str:
         lines = [
             f"--- pyrds stress summary ({self.backend} backend, {self.mode}"
-            f"{f', pinned to {self.transport.upper()}' if self.transport else ''}) ---",
+            f"{_pinned(self.transport)}) ---",
             f"{self.local} -> {self.peer}:{self.port}  size {self.size} B  "
             f"depth {self.depth}  tasks {self.tasks}",
             f"{self.messages} msgs in {self.seconds:.2f} s: {self.msgs_per_s:.0f} msgs/s, "
@@ -359,10 +359,18 @@ def run(args: argparse.Namespace) -> int:
     return _active(args, local, peer)
 
 
+def _pinned(transport: str | None) -> str:
+    """``", pinned to IB"`` for the summary and the passive side's line ("" when unpinned)."""
+    return f", pinned to {transport.upper()}" if transport else ""
+
+
 def _bind_error(exc: OSError, args: argparse.Namespace) -> str:
     why = describe_oserror(exc)
     if args.transport == "ib":
-        why += " (a socket pinned to RDS/IB binds an IPv4 address of an RDMA device)"
+        why += (
+            " (a socket pinned to RDS/IB binds an address of an RDMA device; the userspace stack: not IPv6"
+            " link-local)"
+        )
     return why
 
 
@@ -379,7 +387,7 @@ def _passive(args: argparse.Namespace, local: str) -> int:
         # the listening line tells scripts (benchmarks, tests) that the port is bound
         print(
             f"pyrds stress passive on {local}:{args.port} ({sock.backend} backend"
-            f"{f', pinned to {args.transport.upper()}' if args.transport else ''})",
+            f"{_pinned(args.transport)})",
             file=sys.stderr if args.json else sys.stdout,
             flush=True,
         )
