@@ -107,11 +107,10 @@ def link6(addr4: str) -> str:
 
 
 def add_link6(netdev: str, addr4: str) -> str:
-    """Give ``netdev`` its IPv6 link address (:func:`link6`, /64, no duplicate detection); returns it."""
+    """Give ``netdev`` its IPv6 link address (:func:`link6`, /64, no duplicate detection); returns it.
+    ``ip addr replace``: a second IB session in the same boot finds the address there already."""
     addr6 = link6(addr4)
-    res = _sh("ip", "-6", "addr", "add", f"{addr6}/64", "dev", netdev, "nodad", check=False)
-    if res.returncode and "File exists" not in res.stderr:
-        raise IbSetupError(f"ip -6 addr add {addr6}/64 dev {netdev}: {(res.stdout + res.stderr).strip()}")
+    _sh("ip", "-6", "addr", "replace", f"{addr6}/64", "dev", netdev, "nodad")
     return addr6
 
 
