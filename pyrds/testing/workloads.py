@@ -7,6 +7,9 @@ with poll,
 retrying on EAGAIN/ENOBUFS, and keeps a running SHA-256 per (sender, receiver) pair on both sides. Equal
 digests
 on the two sides prove exactly-once, in-order delivery (a loss, duplicate or reordering changes the digest).
+:func:`mainline_selftest` is the mainline selftest's own pattern (two nodes, one socket each, sysctl resets);
+:func:`socket_selftest` the same idea with several sockets a node, a pseudo-random plan, epoll and messages of
+several RDS/IB fragments (the RDS/IB selftest scenario).
 """
 
 from __future__ import annotations
