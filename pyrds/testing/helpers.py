@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from pyrds.testing.workloads import drain_ready
+
 POLL_BITS = {
     select.POLLIN: "POLLIN",
     select.POLLPRI: "POLLPRI",
@@ -104,14 +106,7 @@ def norm_addr(addr: Any, ports: dict[int, str] | None = None) -> Any:
 
 
 def drain_nonblocking(sock: Any, bufsize: int = 1 << 20) -> list[tuple[bytes, Any]]:
-    out: list[tuple[bytes, Any]] = []
-    while True:
-        try:
-            out.append(sock.recvfrom(bufsize, socket.MSG_DONTWAIT))
-        except OSError as exc:
-            if exc.errno == errno.EAGAIN:
-                return out
-            raise
+    return list(drain_ready(sock, bufsize, socket.MSG_DONTWAIT))
 
 
 def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:

@@ -562,6 +562,19 @@ class IbPair:
     def healthy(self) -> bool:
         return all(n.agent.broken is None and n.agent.proc.poll() is None for n in self.nodes)
 
+    def dump_state(self, socks: Sequence[RemoteSocket]) -> None:
+        """Print what each node's RDS/IB looks like (RDS_INFO connections and IB connections, non-zero
+        counters, queue lengths; a userspace node's stack log tail) to the test's log, when a transfer failed
+        or stalled. ``socks``: one socket per node, A's first. Never raises."""
+        from pyrds.testing.diagnose import print_rds_state
+
+        tables = (InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS_INFO_IB_CONNECTIONS)
+        for node, sock in zip(self.nodes, socks, strict=False):
+            print(f"--- node {node.name} {node.backend} {node.addr}")
+            print_rds_state(sock, node.backend, tables)
+            if node.log:
+                print(f"  stack log {node.log} (tail):\n{node.service_log()}")
+
     def destroy(self) -> None:
         _teardown(list(self.nodes), self.unloaded_rds_rdma)
 

@@ -310,8 +310,8 @@ class TwoNodes:
         """Print what each node's RDS/TCP looks like (``ss -tni``, RDS_INFO connections, TCP sockets, non-zero
         counters, send/retransmit queue lengths) to the test's log: called when a transfer stalled, so the
         log says where it stopped. ``socks``: one socket per node, A's first. Never raises."""
-        from pyrds.constants import PYRDS_INFO_STACK_COUNTERS, SOL_RDS, InfoType
-        from pyrds.info import counters_dict, parse_info
+        from pyrds.constants import InfoType
+        from pyrds.testing.diagnose import print_rds_state
 
         for node, sock in zip(self.nodes, socks, strict=False):
             print(f"--- node {node.backend} {node.addr4}")
@@ -325,24 +325,10 @@ class TwoNodes:
                     "  TCP drops and timeouts (nstat):",
                     tcp_trouble(node.sh("nstat", "-asz", check=False).stdout),
                 )
-                for t in (InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS_INFO_TCP_SOCKETS):
-                    for rec in sock.get_info(t):
-                        print(f"  {t.name}: {rec}")
-                counters = counters_dict(sock.get_info(InfoType.RDS_INFO_COUNTERS))
-                print("  counters:", {k: v for k, v in counters.items() if v})
-                if node.backend == "userspace":  # the userspace-only ones (e.g. connections closed unread)
-                    raw = sock.getsockopt(SOL_RDS, PYRDS_INFO_STACK_COUNTERS, 1 << 16)
-                    every = counters_dict(parse_info(InfoType.RDS_INFO_COUNTERS, raw))  # type: ignore[arg-type]
-                    extra = {k: v for k, v in every.items() if v and k not in counters}
-                    print("  stack-only counters:", extra)
-                queued = len(sock.get_info(InfoType.RDS_INFO_SEND_MESSAGES))
-                retrans = len(sock.get_info(InfoType.RDS_INFO_RETRANS_MESSAGES))
-                received = len(sock.get_info(InfoType.RDS_INFO_RECV_MESSAGES))
-                # an empty receive queue on the receiver while its sender keeps getting ENOBUFS: the sender's
-                # copy of the congestion map is stale (an uncongestion update lost or overtaken)
-                print(f"  send queue {queued}, retransmit queue {retrans}, receive queue {received}")
             except Exception as exc:  # a diagnostic must not replace the test's own error
-                print(f"  (state not readable: {type(exc).__name__}: {exc})")
+                print(f"  (ss/nstat failed: {type(exc).__name__}: {exc})")
+            tables = (InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS_INFO_TCP_SOCKETS)
+            print_rds_state(sock, node.backend, tables)
 
     def healthy(self) -> bool:
         """False once an agent's request stream was interrupted (a test timeout) or its process died, or a

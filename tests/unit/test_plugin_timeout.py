@@ -136,6 +136,10 @@ COUNTED = textwrap.dedent(
 
     def test_scale_other(rds_message_count, rds_count_scale):
         print(f"scale={rds_count_scale!r}")
+
+
+    def test_scale_ib(rds_ib_selftest_count, rds_count_scale):
+        print(f"ib count={rds_ib_selftest_count} scale={rds_count_scale!r}")
     """
 )
 
@@ -147,6 +151,7 @@ def _run_counted(tmp_path: Path, *options: str) -> str:
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYRDS_ROUNDS", None)
     env.pop("PYRDS_MAINLINE_MESSAGES", None)
+    env.pop("PYRDS_IB_SELFTEST_MESSAGES", None)
     args = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts=", "-rA"]
     proc = subprocess.run(
         [*args, "-p", "pyrds.testing.plugin", *options, "test_counted_project.py"],
@@ -169,10 +174,11 @@ def test_the_hang_guard_grows_with_the_message_count(tmp_path: Path) -> None:
 
 def test_a_scenario_scales_its_own_bound_as_the_guard_does(tmp_path: Path) -> None:
     out = _run_counted(tmp_path, "-k", "scale", "-s")
-    assert out.count("scale=1.0") == 2, out
+    assert out.count("scale=1.0") == 3 and "ib count=1000 scale=1.0" in out, out
     counts = ("--rds-mainline-messages", "50000", "--rds-messages", "3000")
+    counts += ("--rds-ib-selftest-messages", "50000")
     out = _run_counted(tmp_path, "-k", "scale", "-s", *counts)
-    assert "scale=10.0" in out and "scale=1.5" in out, out
+    assert "scale=10.0" in out and "scale=1.5" in out and "ib count=50000 scale=50.0" in out, out
 
 
 def test_rounds_repeat_a_scenario_and_one_round_keeps_its_id(tmp_path: Path) -> None:
