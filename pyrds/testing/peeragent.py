@@ -61,7 +61,12 @@ METHODS = frozenset(
 )
 #: the jobs (``module:function``) a peer may start
 JOBS = frozenset(
-    {"pyrds.testing.workloads:exchange", "pyrds.testing.workloads:drain", "pyrds.testing.ib:info_table"}
+    {
+        "pyrds.testing.workloads:exchange",
+        "pyrds.testing.workloads:drain",
+        "pyrds.testing.workloads:socket_selftest",
+        "pyrds.testing.ib:info_table",
+    }
 )
 BACKENDS = frozenset({"kernel", "userspace"})
 #: how long a request may wait for its reply (a ``wait`` adds its own timeout)

@@ -4,9 +4,11 @@ network peer without trusting it (token, allowlists, errors per request)."""
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 import struct
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -271,3 +273,14 @@ def test_oversize_or_garbage_frame_closes_the_connection(listener: socket.socket
 def test_serve_refuses_a_short_token() -> None:
     with pytest.raises(ValueError):
         peeragent.serve("127.0.0.1", 0, "127.0.0.1", "short")
+
+
+def test_every_job_an_ib_scenario_starts_is_allowed() -> None:
+    """kernel->userspace runs the IB scenarios' jobs on the peer guest: a job missing from JOBS would turn
+    that pairing into an error there (test_ib_selftest's socket_selftest once was)."""
+    root = Path(__file__).resolve().parents[2]
+    named = set()
+    for path in [*root.joinpath("tests", "conformance").glob("test_ib*.py"), root / "pyrds/testing/ib.py"]:
+        named |= set(re.findall(r'agent\.job\(\s*"([\w.]+:\w+)"', path.read_text()))
+    assert "pyrds.testing.workloads:socket_selftest" in named
+    assert named <= peeragent.JOBS, named - peeragent.JOBS
