@@ -421,9 +421,11 @@ class IbNode:
 class IbPair:
     """Node A and node B of one pairing over the fabric; :meth:`create`, then always :meth:`destroy`."""
 
-    def __init__(self, a: IbNode, b: IbNode, unloaded_rds_rdma: bool) -> None:
+    def __init__(self, a: IbNode, b: IbNode, unloaded_rds_rdma: bool, fabric: IbFabric | None = None) -> None:
         self.a, self.b = a, b
         self.unloaded_rds_rdma = unloaded_rds_rdma
+        self._fabric = fabric
+        self._across: IbPair | None = None
 
     @property
     def nodes(self) -> tuple[IbNode, IbNode]:
@@ -491,7 +493,7 @@ class IbPair:
             for agent in agents:
                 if isinstance(agent, BaseException):
                     raise agent
-            made = cls(nodes[0], nodes[1], unload)
+            made = cls(nodes[0], nodes[1], unload, fabric)
             made.hello()
             return made
         except BaseException:
@@ -499,14 +501,14 @@ class IbPair:
             raise
 
     @classmethod
-    def _create_with_peer(cls, pair: str, fabric: IbFabric) -> IbPair:
-        """Node A here (the kernel, on this guest's link address over :data:`LINK_RXE`), node B the peer
-        guest's agent (the userspace stack on guest B's link address)."""
+    def _create_with_peer(cls, pair: str, fabric: IbFabric, peer_node: str = "B") -> IbPair:
+        """One node here (the kernel, on this guest's link address over :data:`LINK_RXE`), the other the peer
+        guest's agent (the userspace stack on guest B's link address): node B by default (kernel-userspace),
+        node A for :meth:`across_guests` (userspace-kernel)."""
         from pyrds.testing.peeragent import PORT, PeerAgent, read_token_file
 
         link = peer_link()
         assert link is not None
-        backend_a, backend_b = pair.split("-")
         fabric.link_rxe(link)
         deadline = time.monotonic() + PEER_TOKEN_WAIT
         while not os.path.exists(link.token_file):
@@ -515,10 +517,15 @@ class IbPair:
             time.sleep(0.5)
         nodes: list[IbNode] = []
         try:
-            agent_a = Agent(None, name=f"A:{backend_a}:ib")
-            nodes.append(IbNode("A", backend_a, link.local, agent_a, link6(link.local)))
-            agent_b = PeerAgent(link.peer, PORT, read_token_file(link.token_file), name=f"B:{backend_b}:peer")
-            nodes.append(IbNode("B", backend_b, link.peer, agent_b, link6(link.peer)))  # type: ignore[arg-type]
+            for name, backend in zip("AB", pair.split("-"), strict=True):
+                if name == peer_node:
+                    agent: Any = PeerAgent(
+                        link.peer, PORT, read_token_file(link.token_file), name=f"{name}:{backend}:peer"
+                    )
+                    nodes.append(IbNode(name, backend, link.peer, agent, link6(link.peer)))
+                else:
+                    agent = Agent(None, name=f"{name}:{backend}:ib")
+                    nodes.append(IbNode(name, backend, link.local, agent, link6(link.local)))
             made = cls(nodes[0], nodes[1], False)
             made.hello(attempts=PEER_HELLO_ATTEMPTS)
             return made
@@ -575,7 +582,26 @@ class IbPair:
             if node.log:
                 print(f"  stack log {node.log} (tail):\n{node.service_log()}")
 
+    def close_sockets(self) -> None:
+        """Every socket a test made on this pair's nodes and on :meth:`across_guests`'s."""
+        for n in self.nodes + (self._across.nodes if self._across is not None else ()):
+            n.close_sockets()
+
+    def across_guests(self) -> IbPair | None:
+        """userspace-kernel with node A the peer guest's userspace stack and node B this guest's kernel on
+        its link address, made on first use and destroyed with this pair; None without a peer guest or for
+        another pairing. For the scenarios that end in a remote access error: the kernel then redials node
+        A's address, which on one machine reaches its own rds_rdma listener (test_ib_rdma.NO_ERRORS_ON)."""
+        if self.label != "userspace-kernel" or peer_link() is None or self._fabric is None:
+            return None
+        if self._across is None:
+            self._across = IbPair._create_with_peer(self.label, self._fabric, peer_node="A")
+        return self._across
+
     def destroy(self) -> None:
+        if self._across is not None:
+            self._across.destroy()
+            self._across = None
         _teardown(list(self.nodes), self.unloaded_rds_rdma)
 
 

@@ -475,8 +475,7 @@ def rds_ib_pair(_rds_ib_topology: Any) -> Iterator[Any]:
     if not _rds_ib_topology.healthy():
         pytest.fail(f"{_rds_ib_topology.label}: an agent of this IB pairing died or timed out earlier")
     yield _rds_ib_topology
-    for n in _rds_ib_topology.nodes:
-        n.close_sockets()
+    _rds_ib_topology.close_sockets()
 
 
 @pytest.fixture

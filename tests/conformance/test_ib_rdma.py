@@ -12,7 +12,8 @@ plus the cookie's page offset (row 13); every region here starts :data:`OFFSET` 
 
 Scenarios that end in a remote access error (a region used after it was freed) drop the RDS/IB connection:
 both QPs go to the error state and RDS reconnects. They check that a message then arrives each way on the same
-sockets, and they are not run on userspace-kernel (:data:`NO_ERRORS_ON`). Atomics are not here: over rxe the
+sockets. On userspace-kernel they run across two guests when there is a peer guest (:func:`_error_pair`),
+else they are skipped (:data:`NO_ERRORS_ON`). Atomics are not here: over rxe the
 kernel's never complete and stall the connection (kernel-vs-facts.md row 14), and the userspace stack refuses
 them with EOPNOTSUPP.
 
@@ -66,9 +67,22 @@ NO_ERRORS_ON = {
         "not run on userspace-kernel: a remote access error puts both QPs in the error state and drops the "
         "connection, and the kernel then redials the userspace node's address (RDS/IB reconnects from both "
         "ends), which on one machine reaches the kernel's own rds_rdma listener on rdma_cm port 18634, as in "
-        "kernel-userspace (not covered); the pairing would stay unusable. Needs two guests"
+        "kernel-userspace (not covered); the pairing would stay unusable. Needs two guests (vm --peer-ib)"
     )
 }
+
+
+def _error_pair(rds_ib_pair: Any) -> Any:
+    """The pair a scenario that ends in a remote access error runs on: ``rds_ib_pair`` itself, or, for
+    userspace-kernel, the same pairing across two guests (node A the peer guest's userspace stack, node B
+    this guest's kernel: ``IbPair.across_guests``); a skip when there is no peer guest."""
+    if rds_ib_pair.label not in NO_ERRORS_ON:
+        return rds_ib_pair
+    across = rds_ib_pair.across_guests()
+    if across is None:
+        pytest.skip(NO_ERRORS_ON[rds_ib_pair.label])
+    print(f"{rds_ib_pair.label}: across two guests, A {across.a.addr} (peer guest), B {across.b.addr}")
+    return across
 
 
 @dataclass
@@ -359,9 +373,7 @@ def test_ib_rdma_use_once_twice(rds_ib_pair, rds_observe):
     """As test_ib_rdma_use_once, then, REUSE_DELAY later, A WRITEs into the same cookie again: the second op's
     RDMA_STATUS is an error and B's buffer keeps the first write; a message then arrives each way (the
     connection came back). Observed: the second status, B's buffer, what else arrived."""
-    if rds_ib_pair.label in NO_ERRORS_ON:
-        pytest.skip(NO_ERRORS_ON[rds_ib_pair.label])
-    a, b = _sides(rds_ib_pair)
+    a, b = _sides(_error_pair(rds_ib_pair))
     target, local, cookie, data, first = _use_once(a, b)
     assert first == "token 5 SUCCESS", first
     time.sleep(REUSE_DELAY)
@@ -400,10 +412,8 @@ def test_ib_rdma_free_mr(rds_ib_pair, rds_observe, case):
     "invalidate-unacked" SUCCESS, the write in B's freed region. The userspace stack deregisters at
     RDS_FREE_MR in every case (REMOTE_ERROR): the other two are accepted divergences. Asserted: only that
     "invalidate" gives an error status and leaves B's buffer alone."""
-    if rds_ib_pair.label in NO_ERRORS_ON:
-        pytest.skip(NO_ERRORS_ON[rds_ib_pair.label])
     flags, acked = FREE_CASES[case]
-    a, b = _sides(rds_ib_pair)
+    a, b = _sides(_error_pair(rds_ib_pair))
     target = b.buffer(OFFSET + SMALL + PAGE, FILL)
     local = a.buffer(SMALL, 0)
     written = _payload(SMALL, "freed")

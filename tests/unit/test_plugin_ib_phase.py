@@ -124,3 +124,38 @@ def test_a_peer_guest_covers_kernel_userspace() -> None:
 def test_link6_is_the_ipv6_twin_of_the_link_address() -> None:
     assert ib.link6("10.99.0.1") == "fd00:99::1" and ib.link6("10.99.0.2") == "fd00:99::2"
     assert ib.link6("10.99.0.254") == "fd00:99::fe"
+
+
+def test_userspace_kernel_goes_across_guests_only_with_a_peer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scenarios that end in a remote access error run userspace-kernel across the two guests: node A the
+    peer guest's userspace stack, node B this guest's kernel (made once, destroyed with the pair); other
+    pairings, and userspace-kernel without a peer guest, get None (the test's skip)."""
+    made: list[tuple[str, str]] = []
+    destroyed: list[str] = []
+
+    class FakeAcross:
+        def destroy(self) -> None:
+            destroyed.append("across")
+
+    def fake_create(pair: str, fabric: Any, peer_node: str = "B") -> Any:
+        made.append((pair, peer_node))
+        return FakeAcross()
+
+    def node(name: str, backend: str) -> Any:
+        return ib.IbNode(name, backend, f"10.98.0.{ord(name) - 64}", agent=None)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ib.IbPair, "_create_with_peer", staticmethod(fake_create))
+    monkeypatch.setattr(ib, "_teardown", lambda nodes, reload: destroyed.append("pair"))
+    fabric = object()
+    link = ib.PeerLink("eth0", "10.99.0.1", "10.99.0.2", "/res/b/peer-token")
+    uk = ib.IbPair(node("A", "userspace"), node("B", "kernel"), False, fabric)  # type: ignore[arg-type]
+    kk = ib.IbPair(node("A", "kernel"), node("B", "kernel"), False, fabric)  # type: ignore[arg-type]
+    monkeypatch.setattr(ib, "peer_link", lambda environ=None: None)
+    assert uk.across_guests() is None
+    monkeypatch.setattr(ib, "peer_link", lambda environ=None: link)
+    assert kk.across_guests() is None
+    across = uk.across_guests()
+    assert across is not None and uk.across_guests() is across
+    assert made == [("userspace-kernel", "A")]
+    uk.destroy()
+    assert destroyed == ["across", "pair"]
