@@ -5,6 +5,8 @@ One process, RDS over the loop transport (127.0.0.1 / ::1): a loop of ``sendto``
 
 - ``stdlib``: plain ``socket.socket(AF_RDS, SOCK_SEQPACKET)`` (IPv6: an ``AF_INET6``-family
   ``socket.socket`` on an AF_RDS fd, the only way the stdlib speaks ``sockaddr_in6`` to RDS), the baseline;
+- ``floor``: :class:`FloorSocket`, the stdlib socket behind one do-nothing Python function per data call
+  (the least a pure-Python wrapper costs);
 - ``pyrds.kernel``: ``pyrds.socket("kernel")``;
 - optionally ``--before FILE``: another implementation of the kernel backend's ``RDSSocket`` (e.g. the
   pre-fast-path pyrds/kernel/socket.py from git), loaded from that file, for a before/after table.
@@ -51,6 +53,46 @@ def stdlib_socket(version: int) -> Any:
         return socket.socket(AF_RDS, socket.SOCK_SEQPACKET, 0)
     fd = socket.socket(AF_RDS, socket.SOCK_SEQPACKET, 0).detach()
     return socket.socket(socket.AF_INET6, socket.SOCK_SEQPACKET, 0, fileno=fd)
+
+
+class FloorSocket:
+    """The stdlib socket with one Python function between the caller and each data call, doing nothing but
+    pass its arguments on (the argument-count test and the ``flags is 0`` test pyrds's closures make too):
+    the least any pure-Python socket wrapper costs per call. pyrds.kernel against this column is what
+    pyrds's own work costs; this column against the stdlib is the price of one Python frame."""
+
+    def __init__(self, version: int) -> None:
+        self._sock = sock = stdlib_socket(version)
+        c_sendto, c_recvfrom, c_sendmsg, c_recvmsg = sock.sendto, sock.recvfrom, sock.sendmsg, sock.recvmsg
+        noarg: Any = object()
+        zero = 0
+
+        def sendto(data: Any, flags_or_address: Any, address: Any = noarg, /) -> int:
+            if address is noarg:
+                return c_sendto(data, flags_or_address)  # type: ignore[no-any-return]
+            return c_sendto(data, flags_or_address, address)  # type: ignore[no-any-return]
+
+        def recvfrom(bufsize: Any, flags: Any = 0) -> Any:
+            if flags is zero:
+                return c_recvfrom(bufsize)
+            return c_recvfrom(bufsize, flags)
+
+        def sendmsg(buffers: Any, ancdata: Any = (), flags: Any = 0, address: Any = None) -> int:
+            if address is None:
+                return c_sendmsg(buffers, ancdata, flags)  # type: ignore[no-any-return]
+            return c_sendmsg(buffers, ancdata, flags, address)  # type: ignore[no-any-return]
+
+        def recvmsg(bufsize: Any, ancbufsize: Any = 0, flags: Any = 0) -> Any:
+            return c_recvmsg(bufsize, ancbufsize, flags)
+
+        self.sendto, self.recvfrom, self.sendmsg, self.recvmsg = sendto, recvfrom, sendmsg, recvmsg
+
+    def __getattr__(self, name: str) -> Any:  # setsockopt, bind, getsockname, close
+        return getattr(self._sock, name)
+
+
+def floor_socket(version: int) -> Any:
+    return FloorSocket(version)
 
 
 def pyrds_socket(version: int) -> Any:
@@ -136,7 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny batches (a smoke test, not a measurement)")
     ap.add_argument("--json", action="store_true", help="print one PYRDS-PERCALL-JSON line")
     args = ap.parse_args(argv)
-    variants: dict[str, Callable[[int], Any]] = {"stdlib": stdlib_socket, "pyrds.kernel": pyrds_socket}
+    variants: dict[str, Callable[[int], Any]] = {
+        "stdlib": stdlib_socket,
+        "floor": floor_socket,
+        "pyrds.kernel": pyrds_socket,
+    }
     if args.before:
         variants["before"] = loaded_socket(args.before)
     rows = measure(variants, args.rounds, args.quick)

@@ -89,6 +89,9 @@ def _percall_table(rows: list[dict[str, Any]]) -> list[str]:
         return []
     names = [k for k, v in rows[0].items() if isinstance(v, dict)]
     head = ["case"] + [f"{n} us" for n in names] + [f"{n} / stdlib" for n in names if n != "stdlib"]
+    by_floor = "floor" in names and "pyrds.kernel" in names
+    if by_floor:
+        head.append("pyrds.kernel / floor")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         base, base_median = r["stdlib"]["best_us"], r["stdlib"]["median_us"]
@@ -99,6 +102,11 @@ def _percall_table(rows: list[dict[str, Any]]) -> list[str]:
             for n in names
             if n != "stdlib"
         ]
+        if by_floor:
+            k, f = r["pyrds.kernel"], r["floor"]
+            cells.append(
+                f"{k['best_us'] / f['best_us']:.3f}x (median {k['median_us'] / f['median_us']:.3f}x)"
+            )
         out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -156,8 +164,11 @@ def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
                 "loop (one send and one receive), the best of the alternating batches (median in",
                 "brackets). The IPv6 stdlib socket is an AF_INET6-family `socket.socket` on an AF_RDS fd.",
                 "`before` (when present) is an older kernel backend loaded from a file (`--percall-before`),",
-                "here the ctypes msghdr implementation that preceded the stdlib data path. Target:",
-                "pyrds.kernel <= 1.05x the stdlib.",
+                "here the ctypes msghdr implementation that preceded the stdlib data path. `floor` is the",
+                "stdlib socket behind one do-nothing Python function per data call (`FloorSocket`): the",
+                "least a pure-Python wrapper costs, so pyrds.kernel / floor is pyrds's own work and",
+                "floor / stdlib the price of one Python frame per call. Target: pyrds.kernel <= 1.05x the",
+                "stdlib.",
                 "",
                 *_percall_table(data.get("percall") or []),
                 "",

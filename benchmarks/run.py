@@ -134,7 +134,11 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
     if "percall" in want and args.percall_rounds > 0:
         import percall
 
-        variants = {"stdlib": percall.stdlib_socket, "pyrds.kernel": percall.pyrds_socket}
+        variants = {
+            "stdlib": percall.stdlib_socket,
+            "floor": percall.floor_socket,
+            "pyrds.kernel": percall.pyrds_socket,
+        }
         if args.percall_before:
             variants["before"] = percall.loaded_socket(args.percall_before)
         percall_rows = percall.measure(variants, args.percall_rounds, False)

@@ -1,0 +1,69 @@
+"""benchmarks/percall.py's ``floor`` variant (the stdlib socket behind one do-nothing Python function per
+data call) passes every call shape through unchanged, and the report shows pyrds.kernel against it."""
+
+from __future__ import annotations
+
+import importlib
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def mods() -> Iterator[dict[str, ModuleType]]:
+    names = ("percall", "report")
+    before = {name: sys.modules.get(name) for name in names}
+    sys.path.insert(0, str(BENCH))
+    try:
+        yield {name: importlib.import_module(name) for name in names}
+    finally:
+        sys.path.remove(str(BENCH))
+        for name, mod in before.items():
+            if mod is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = mod
+
+
+def test_floor_passes_every_call_shape_through(mods: dict[str, ModuleType], monkeypatch: Any) -> None:
+    percall = mods["percall"]
+    # the host may have no AF_RDS: the floor wraps whatever stdlib socket stdlib_socket gives, here UDP
+    udp = lambda version: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # noqa: E731
+    monkeypatch.setattr(percall, "stdlib_socket", udp)
+    a, b = percall.floor_socket(4), percall.floor_socket(4)
+    try:
+        for s in (a, b):
+            s.bind(("127.0.0.1", 0))
+            s.settimeout(5)
+        dest = b.getsockname()
+        assert a.sendto(b"one", dest) == 3
+        assert b.recvfrom(100) == (b"one", a.getsockname())
+        assert a.sendto(b"two", 0, dest) == 3
+        assert b.recvfrom(100, socket.MSG_PEEK) == (b"two", a.getsockname())
+        assert b.recvfrom(100, 0)[0] == b"two"
+        assert a.sendmsg([b"thr", b"ee"], [], 0, dest) == 5
+        data, anc, flags, addr = b.recvmsg(100)
+        assert (data, anc, addr) == (b"three", [], a.getsockname())
+    finally:
+        a.close()
+        b.close()
+
+
+def test_report_shows_pyrds_against_the_floor(mods: dict[str, ModuleType]) -> None:
+    row = {
+        "case": "sendto+recvfrom 0 B v4",
+        "stdlib": {"best_us": 10.0, "median_us": 12.0},
+        "floor": {"best_us": 11.0, "median_us": 13.0},
+        "pyrds.kernel": {"best_us": 11.55, "median_us": 13.0},
+    }
+    head, _sep, line = mods["report"]._percall_table([row])
+    assert head.endswith("| pyrds.kernel / floor |")
+    assert line.endswith("| 1.050x (median 1.000x) |")
+    assert "1.100x (median 1.083x)" in line  # floor / stdlib
