@@ -71,6 +71,9 @@ JOBS = frozenset(
 BACKENDS = frozenset({"kernel", "userspace"})
 #: how long a request may wait for its reply (a ``wait`` adds its own timeout)
 REPLY_TIMEOUT = 300.0
+#: the longest ``wait`` request the server takes, and the slice :meth:`PeerAgent.wait` asks for at a time
+WAIT_MAX = 3600
+WAIT_SLICE = 600.0
 
 
 def send_frame(sock: socket.socket, value: Any) -> None:
@@ -157,8 +160,8 @@ class PeerServer:
         return self.agent.op_job(func, [_int("handle", h) for h in handles], kwargs)
 
     def _op_wait(self, jid: Any, timeout: Any) -> Any:
-        if timeout is not None and (not isinstance(timeout, int | float) or not 0 <= timeout <= 3600):
-            raise ValueError("timeout must be None or in [0, 3600] seconds")
+        if timeout is not None and (not isinstance(timeout, int | float) or not 0 <= timeout <= WAIT_MAX):
+            raise ValueError(f"timeout must be None or in [0, {WAIT_MAX}] seconds")
         return self.agent.op_wait(_int("job", jid), timeout)
 
     def _op_mem_alloc(self, size: Any) -> tuple[int, int]:
@@ -316,7 +319,17 @@ class PeerAgent:
         return jid
 
     def wait(self, jid: int, timeout: float | None = None) -> Any:
-        return self.request("wait", jid, timeout, timeout=timeout)
+        """The job's result, waiting at most ``timeout`` s (None: for ever) in requests of at most
+        :data:`WAIT_SLICE` s each (the server refuses a wait over :data:`WAIT_MAX`, and every request's
+        reply must come within its wait plus :data:`REPLY_TIMEOUT`); TimeoutError when the job still runs."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAIT_SLICE if deadline is None else max(0.0, min(WAIT_SLICE, deadline - time.monotonic()))
+            try:
+                return self.request("wait", jid, left, timeout=left)
+            except TimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
 
     def mem_alloc(self, size: int) -> AgentBuffer:
         bid, addr = self.request("mem_alloc", size)

@@ -8,6 +8,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +285,41 @@ def test_every_job_an_ib_scenario_starts_is_allowed() -> None:
         named |= set(re.findall(r'agent\.job\(\s*"([\w.]+:\w+)"', path.read_text()))
     assert "pyrds.testing.workloads:socket_selftest" in named
     assert named <= peeragent.JOBS, named - peeragent.JOBS
+
+
+def test_a_long_wait_is_several_requests_the_server_takes() -> None:
+    """test_ib_selftest at 50,000 messages waits 30,030 s for its job: the client asks in slices (the server
+    refuses a wait over WAIT_MAX, and one request's reply must come within its wait + REPLY_TIMEOUT)."""
+    agent = peeragent.PeerAgent.__new__(peeragent.PeerAgent)
+    asked: list[float] = []
+
+    def request(op: str, jid: int, left: float, *, timeout: float) -> Any:
+        assert (op, jid, left) == ("wait", 7, timeout)
+        asked.append(left)
+        if len(asked) < 3:
+            raise TimeoutError("job 7 still running")
+        return {"done": True}
+
+    agent.request = request  # type: ignore[method-assign]
+    assert agent.wait(7, 30030.0) == {"done": True}
+    assert asked == [peeragent.WAIT_SLICE] * 3 and peeragent.WAIT_SLICE <= peeragent.WAIT_MAX
+    asked.clear()
+    assert agent.wait(7, None) == {"done": True}
+    assert asked == [peeragent.WAIT_SLICE] * 3
+    srv = peeragent.PeerServer()
+    assert srv.handle(("wait", 1, peeragent.WAIT_MAX + 1))[0] == "error"
+
+
+def test_a_wait_past_its_deadline_raises_timeout() -> None:
+    agent = peeragent.PeerAgent.__new__(peeragent.PeerAgent)
+    asked: list[float] = []
+
+    def request(op: str, jid: int, left: float, *, timeout: float) -> Any:
+        asked.append(left)
+        time.sleep(min(left, 0.05))
+        raise TimeoutError("job 7 still running")
+
+    agent.request = request  # type: ignore[method-assign]
+    with pytest.raises(TimeoutError):
+        agent.wait(7, 0.12)
+    assert 2 <= len(asked) <= 4 and all(0 <= a <= 0.12 for a in asked)
