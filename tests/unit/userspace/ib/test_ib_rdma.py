@@ -315,6 +315,11 @@ def test_an_atomic_on_an_unaligned_or_unknown_remote_word_is_a_remote_error() ->
     r.send(r.sa, b"odd", [cmsg.atomic_fadd(cookie, aaddr, 4, 1, NOTIFY, 92)])
     assert r.notification() == [cmsg.RdmaNotify(92, RdmaStatus.REMOTE_ERROR)]
     assert ctypes.string_at(aaddr, 8) == b"\xaa" * 8  # nothing written back on an error
+    # the connection dropped (both QPs in error) and comes back: a message each way
+    r.send(r.sa, b"after")
+    assert r.recv(r.sb)[0] == b"after"
+    r.send(r.sb, b"retfa")
+    assert r.recv(r.sa)[0] == b"retfa"
 
 
 def test_map_before_the_connection_is_up_is_eagain_and_dials() -> None:
