@@ -13,9 +13,9 @@ plus the cookie's page offset (row 13); every region here starts :data:`OFFSET` 
 Scenarios that end in a remote access error (a region used after it was freed) drop the RDS/IB connection:
 both QPs go to the error state and RDS reconnects. They check that a message then arrives each way on the same
 sockets. On userspace-kernel they run across two guests when there is a peer guest (:func:`_error_pair`),
-else they are skipped (:data:`NO_ERRORS_ON`). Atomics are not here: over rxe the
-kernel's never complete and stall the connection (kernel-vs-facts.md row 14), and the userspace stack refuses
-them with EOPNOTSUPP.
+else they are skipped (:data:`NO_ERRORS_ON`). Atomics (:func:`test_ib_rdma_atomic`) only between userspace
+nodes: over rxe the kernel's never complete and stall the connection (kernel-vs-facts.md row 14), and a kernel
+target's connection did not survive one.
 
 Only with ``--rds-ib`` (tests/conformance/README.md, "RDS/IB"). Node A is the one that sends first.
 """
@@ -436,3 +436,62 @@ def test_ib_rdma_free_mr(rds_ib_pair, rds_observe, case):
     if case == "invalidate":
         assert not status.endswith(" SUCCESS"), status
         assert view == "region holds its fill, nothing else changed", view
+
+
+#: where the atomic scenario's word sits in its page (8-byte aligned, as an atomic's remote word must be),
+#: and where A's local word (the original value comes back there) sits in A's scratch buffer
+ATOMIC_AT, ATOMIC_LOCAL_AT = 104, 8
+#: what B's word holds before the op, what a FADD adds, and what a CSWP swaps in
+ATOMIC_START, ATOMIC_ADD, ATOMIC_SWAP = 0x0102030405060708, 5, 0x1122334455667788
+KERNEL_TARGET_ATOMICS = (
+    "not run with a kernel target: its FRWR MR has no remote-atomic access (ib_frmr.c), so the op ends in a "
+    "remote access error, and after it the kernel's RDS/IB connection did not come back: seen twice on 7.3.4 "
+    "across two guests (2026-11-27), the kernel's connection stayed with only the SENDING flag in "
+    "RDS_INFO_CONNECTIONS and rejected every redial (189 in 4 minutes), which would wedge every later "
+    "scenario between those addresses (tests/conformance/README.md, RDS/IB)"
+)
+KERNEL_ATOMICS = (
+    "not run with a kernel requester: over rxe the kernel posts masked atomic work requests, which rdma_rxe "
+    "lacks; the post fails and the connection's send path stays wedged until it is reset "
+    "(docs/kernel-vs-facts.md row 14, recorded by tests/kernel test_rdma.py::test_zz_atomics_on_rxe)"
+)
+
+
+@pytest.mark.parametrize("op", ["fadd", "cswp"])
+def test_ib_rdma_atomic(rds_ib_pair, rds_observe, op):
+    """B maps an 8-byte word holding ATOMIC_START (RDMA_MAP, READWRITE); A sends a message carrying a plain
+    RDS_CMSG_ATOMIC_FADD (+ATOMIC_ADD) or RDS_CMSG_ATOMIC_CSWP (compare ATOMIC_START, swap ATOMIC_SWAP) on it,
+    NOTIFY_ME. Observed: A's RDMA_STATUS, the original value in A's local word, B's word once the message
+    arrived, whether it arrived.
+
+    A userspace target registers its regions with remote-atomic access: SUCCESS, A's local word gets
+    ATOMIC_START and B's word the result when the message arrives. So only userspace-userspace runs: a
+    kernel requester's atomic never completes over rxe (:data:`KERNEL_ATOMICS`) and a kernel target's
+    connection did not survive one (:data:`KERNEL_TARGET_ATOMICS`)."""
+    if rds_ib_pair.a.backend == "kernel":
+        pytest.skip(KERNEL_ATOMICS)
+    if rds_ib_pair.b.backend == "kernel":
+        pytest.skip(KERNEL_TARGET_ATOMICS)
+    a, b = _sides(rds_ib_pair)
+    target = b.buffer(PAGE, FILL)
+    target.write(ATOMIC_AT, ATOMIC_START.to_bytes(8, "little"))
+    cookie = _map(b, a, target.addr + ATOMIC_AT, 8, RW)
+    local = a.scratch.addr + ATOMIC_LOCAL_AT
+    a.scratch.write(ATOMIC_LOCAL_AT, bytes(8))
+    if op == "fadd":
+        anc, expect = [cmsg.atomic_fadd(cookie, local, 0, ATOMIC_ADD, NOTIFY, 21)], ATOMIC_START + ATOMIC_ADD
+    else:
+        anc, expect = [cmsg.atomic_cswp(cookie, local, 0, ATOMIC_START, ATOMIC_SWAP, NOTIFY, 21)], ATOMIC_SWAP
+    assert a.sock.sendmsg([b"atomic"], anc, 0, b.addr) == 6
+    status = _status(a.sock)
+    original = int.from_bytes(a.scratch.read(ATOMIC_LOCAL_AT, 8), "little")
+    arrived = status.endswith(" SUCCESS") and _recv(b.sock)[0] == b"atomic"
+    word = int.from_bytes(target.read(ATOMIC_AT, 8), "little")
+    rds_observe("status", _error_class(status))
+    rds_observe("local_word", "the original value" if original == ATOMIC_START else f"{original:#x}")
+    seen = "the result" if word == expect else "unchanged" if word == ATOMIC_START else f"{word:#x}"
+    rds_observe("target_word", seen)
+    rds_observe("message_arrived", arrived)
+    assert status == "token 21 SUCCESS", status
+    assert original == ATOMIC_START, f"{original:#x}"
+    assert word == expect and arrived, (f"{word:#x}", arrived)

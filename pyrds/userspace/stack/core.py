@@ -401,7 +401,9 @@ class Stack:
         to the client's vectors; the socket gets an RDS_CMSG_RDMA_STATUS if the op asked for it, once (a
         message with an RDMA op is never retransmitted: a reconnect reports it DROPPED, unless it was
         notified already)."""
-        if status != 3:  # rds_ib_send_unmap_rdma: WRITE bytes sent, READ bytes received (not for a drop)
+        if status != 3 and not op.atomic:
+            # rds_ib_send_unmap_rdma: WRITE bytes sent, READ bytes received (not for a drop; an atomic's
+            # completion counts ib_atomic_* in its transport: rds_ib_send_unmap_atomic)
             self.counters["send_rdma_bytes" if op.write else "recv_rdma_bytes"] += op.nbytes
         rs = self.socks.get(op.sock_id)
         if rs is None or rs.dead:

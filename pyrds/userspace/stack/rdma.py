@@ -38,8 +38,11 @@ from pyrds.userspace.stack.memory import MAX_ACCESS, ClientMemory
 
 __all__ = [
     "ATOMIC_ARGS_SIZE",
+    "ATOMIC_CSWP",
+    "ATOMIC_FADD",
     "GET_MR_ARGS_SIZE",
     "RDMA_ARGS_SIZE",
+    "NOT_ATOMIC",
     "MemRegion",
     "Plan",
     "RdmaOp",
@@ -123,9 +126,16 @@ class MemRegion:
         return n
 
 
+#: :attr:`RdmaOp.atomic`: not an atomic (an RDMA READ or WRITE), fetch-and-add, compare-and-swap
+NOT_ATOMIC, ATOMIC_FADD, ATOMIC_CSWP = 0, 1, 2
+_ALL_ONES = _U64
+
+
 @dataclass(slots=True)
 class RdmaOp:
-    """``struct rm_rdma_op``: an RDMA READ or WRITE that goes out before its message."""
+    """``struct rm_rdma_op`` (an RDMA READ or WRITE) or ``struct rm_atomic_op`` (:attr:`atomic` set: an
+    8-byte fetch-and-add or compare-and-swap whose original remote value lands in the one local vector, as
+    a READ's bytes do), going out before its message."""
 
     write: bool
     rkey: int
@@ -141,6 +151,9 @@ class RdmaOp:
     sock_id: int = 0
     #: the notification went out already (never a second one for the op)
     done: bool = False
+    atomic: int = NOT_ATOMIC
+    compare_add: int = 0  # FADD: the addend; CSWP: the compare value
+    swap: int = 0  # CSWP: the swap value
 
 
 @dataclass(slots=True)
@@ -248,8 +261,8 @@ def cmsg_send(
     mrs: dict[int, MemRegion],
     get_mr: GetMr,
 ) -> SendResult:
-    """``rds_cmsg_send`` (see the module docstring). Atomics are refused with EOPNOTSUPP after the kernel's
-    own checks (not implemented here; the kernel's RDS/IB does them)."""
+    """``rds_cmsg_send`` (see the module docstring). Atomics: :func:`_atomic_op`. A message carries one op:
+    an RDMA_ARGS and an atomic together are EOPNOTSUPP (the kernel posts both)."""
     res = SendResult()
     vec_index = 0
     try:
@@ -257,8 +270,10 @@ def cmsg_send(
             if level != SOL_RDS:
                 continue
             if kind == CmsgType.RDS_CMSG_RDMA_ARGS:
-                if res.op is not None:
+                if res.op is not None and not res.op.atomic:
                     raise StackError(errno.EINVAL)
+                if res.op is not None:
+                    raise StackError(errno.EOPNOTSUPP)  # an atomic came first: one op per message here
                 res.op = _rdma_op(data, plan.vectors[vec_index], sock_id, recverr, mem)
                 vec_index += 1
             elif kind == CmsgType.RDS_CMSG_RDMA_DEST:
@@ -290,13 +305,13 @@ def cmsg_send(
                 mrs[mr.key] = mr
                 res.new_mr = mr
             elif kind in ATOMICS:
-                if len(data) < ATOMIC_ARGS_SIZE:
-                    raise StackError(errno.EINVAL)
-                local_addr = struct.unpack_from("=Q", data, 8)[0]
-                if local_addr & 7:
-                    raise StackError(errno.EFAULT)
-                mem.read(local_addr, 8)
-                raise StackError(errno.EOPNOTSUPP)
+                if len(data) < ATOMIC_ARGS_SIZE or (res.op is not None and res.op.atomic):
+                    raise StackError(errno.EINVAL)  # rds_cmsg_atomic: short, or a second atomic
+                atomic = _atomic_op(kind, data, sock_id, recverr, mem)
+                if res.op is not None:
+                    # the kernel sends both (the atomic first); one op per message here
+                    raise StackError(errno.EOPNOTSUPP)
+                res.op = atomic
     except StackError:
         if res.new_mr is not None:
             drop_mr(mrs, res.new_mr.key)
@@ -333,6 +348,44 @@ def _rdma_op(
         recverr=recverr,
         token=token,
         sock_id=sock_id,
+    )
+
+
+def _atomic_op(kind: int, data: bytes, sock_id: int, recverr: bool, mem: ClientMemory) -> RdmaOp:
+    """``rds_cmsg_atomic``: ``struct rds_atomic_args`` (cookie, local_addr, remote_addr, four u64 of the
+    op, flags, user_token). Every type becomes a plain fetch-and-add or compare-and-swap: the plain types
+    as the kernel makes them (nocarry_mask 0; masks ~0), a masked type only when its masks are those
+    (EOPNOTSUPP otherwise: the verbs API and rdma_rxe have no masked atomics; the kernel posts masked work
+    requests for all four, which rxe refuses). The local word must be 8-byte aligned (EFAULT) and there
+    (EFAULT); the remote address is ``remote_addr`` + the cookie's offset."""
+    cookie, local_addr, remote_addr, a, b, c, d, flags, token = struct.unpack_from("=9Q", data)
+    if kind == CmsgType.RDS_CMSG_ATOMIC_FADD:
+        atomic, compare_add, swap, masked = ATOMIC_FADD, a, 0, False
+    elif kind == CmsgType.RDS_CMSG_MASKED_ATOMIC_FADD:
+        atomic, compare_add, swap, masked = ATOMIC_FADD, a, 0, b != 0  # nocarry_mask
+    elif kind == CmsgType.RDS_CMSG_ATOMIC_CSWP:
+        atomic, compare_add, swap, masked = ATOMIC_CSWP, a, b, False
+    else:  # RDS_CMSG_MASKED_ATOMIC_CSWP: compare, swap, compare_mask, swap_mask
+        atomic, compare_add, swap, masked = ATOMIC_CSWP, a, b, c != _ALL_ONES or d != _ALL_ONES
+    if local_addr & 7:
+        raise StackError(errno.EFAULT)
+    mem.read(local_addr, 8)  # rds_pin_pages: EFAULT when the word is not there
+    if masked:
+        raise StackError(errno.EOPNOTSUPP)
+    return RdmaOp(
+        write=False,
+        rkey=cookie & 0xFFFFFFFF,
+        remote_addr=(remote_addr + (cookie >> 32)) & _U64,
+        nbytes=8,
+        local=[(local_addr, 8)],
+        notify=bool(flags & RdmaFlag.NOTIFY_ME),
+        silent=bool(flags & RdmaFlag.SILENT),
+        recverr=recverr,
+        token=token,
+        sock_id=sock_id,
+        atomic=atomic,
+        compare_add=compare_add,
+        swap=swap,
     )
 
 

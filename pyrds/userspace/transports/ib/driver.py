@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 from pyrds.userspace.proto import PathState, ProtocolError
+from pyrds.userspace.stack.rdma import ATOMIC_CSWP, ATOMIC_FADD
 from pyrds.userspace.transports.ib.engine import CmAnswer, IbEngine
 from pyrds.userspace.transports.ib.events import IbEvent, RdmaCompleted
 from pyrds.userspace.transports.ib.frag import SendWR, WrKind
@@ -75,6 +76,17 @@ log = logging.getLogger("pyrds.userspace.ib")
 
 #: ``RDS_RDMA_RESOLVE_TIMEOUT_MS``
 RESOLVE_TIMEOUT_MS = 5000
+#: the send completions of an RDMA or atomic op (each op's work request is signalled)
+_RDMA_OPCODES = frozenset({WcOpcode.RDMA_WRITE, WcOpcode.RDMA_READ, WcOpcode.COMP_SWAP, WcOpcode.FETCH_ADD})
+
+
+def _opcode_of(op: Any) -> int:
+    """The completion opcode the work request of ``op`` (``stack.rdma.RdmaOp``) gives."""
+    if op.atomic == ATOMIC_FADD:
+        return WcOpcode.FETCH_ADD
+    if op.atomic == ATOMIC_CSWP:
+        return WcOpcode.COMP_SWAP
+    return WcOpcode.RDMA_WRITE if op.write else WcOpcode.RDMA_READ
 #: CM events that end a connection (rdma_transport.c ``rds_rdma_cm_event_handler_cmn``)
 _DROP_EVENTS = frozenset(
     {
@@ -348,6 +360,7 @@ class IbConnection:
             self.counters["ib_wc_error"] += 1
             posted = None if wc.is_recv else self._rdma_wrs.pop(wc.wr_id, None)
             if posted is not None and wc.status != WcStatus.WR_FLUSH_ERR:
+                self._count_atomic(posted[0])
                 # rds_ib_send_complete: a remote access error is REMOTE_ERROR, anything else OTHER_ERROR
                 self.counters["ib_rdma_wc_error"] += 1
                 status = 1 if wc.status == WcStatus.REM_ACCESS_ERR else 4
@@ -360,13 +373,14 @@ class IbConnection:
             self._recv_completion(wc)
             return
         self.counters["ib_tx_cq_event"] += 1
-        if wc.opcode in (WcOpcode.RDMA_WRITE, WcOpcode.RDMA_READ):
+        if wc.opcode in _RDMA_OPCODES:
             posted = self._rdma_wrs.pop(wc.wr_id, None)
-            if posted is None or (wc.opcode == WcOpcode.RDMA_WRITE) != bool(posted[0].write):
+            if posted is None or wc.opcode != _opcode_of(posted[0]):
                 self.counters["ib_bad_completion"] += 1
                 self.close(f"RDMA completion (opcode {wc.opcode}) for wr_id {wc.wr_id}, not posted")
                 return
             op, bounce = posted
+            self._count_atomic(op)
             try:
                 data = b"" if op.write else bounce.read(0, op.nbytes)
             except VerbsError as exc:
@@ -457,14 +471,26 @@ class IbConnection:
         op = wr.rdma
         bounce = self.qp.reg_mr(op.nbytes, remote=False)
         try:
-            if op.write:
-                bounce.write(0, op.data)
-            self.qp.post_rdma(wr.wr_id, op.write, bounce, op.nbytes, op.rkey, op.remote_addr, op.fence)
+            if op.atomic:  # rds_ib_xmit_atomic (plain, not masked: stack.rdma._atomic_op)
+                fadd = op.atomic == ATOMIC_FADD
+                self.qp.post_atomic(
+                    wr.wr_id, fadd, bounce, op.rkey, op.remote_addr, op.compare_add, op.swap, op.fence
+                )
+                self.counters["ib_tx_atomic"] += 1
+            else:
+                if op.write:
+                    bounce.write(0, op.data)
+                self.qp.post_rdma(wr.wr_id, op.write, bounce, op.nbytes, op.rkey, op.remote_addr, op.fence)
         except BaseException:
             bounce.close()
             raise
         self._rdma_wrs[wr.wr_id] = (op, bounce)
         self.counters["ib_tx_rdma"] += 1
+
+    def _count_atomic(self, op: Any) -> None:
+        """``rds_ib_send_unmap_atomic``: an atomic's completion (success or error) counts its type."""
+        if op.atomic:
+            self.counters["ib_atomic_cswp" if op.atomic == ATOMIC_CSWP else "ib_atomic_fadd"] += 1
 
     # -- teardown -------------------------------------------------------------------------------------------
     def _fail(self, what: str, exc: VerbsError) -> None:

@@ -534,6 +534,7 @@ class PvQueuePair:
                 | e.IBV_ACCESS_LOCAL_WRITE
                 | e.IBV_ACCESS_REMOTE_WRITE
                 | e.IBV_ACCESS_REMOTE_READ
+                | e.IBV_ACCESS_REMOTE_ATOMIC
             )
             self.qp.modify(attr, mask | e.IBV_QP_ACCESS_FLAGS)
 
@@ -583,7 +584,12 @@ class PvQueuePair:
         if length <= 0:
             raise VerbsError(f"region of {length} bytes")
         if remote:
-            access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+            access = (
+                e.IBV_ACCESS_LOCAL_WRITE
+                | e.IBV_ACCESS_REMOTE_WRITE
+                | e.IBV_ACCESS_REMOTE_READ
+                | e.IBV_ACCESS_REMOTE_ATOMIC
+            )
             region = _ZeroBasedRegion(self._import_pd(), length, int(access))
             self._zb_regions.append(region)
             return region
@@ -602,6 +608,29 @@ class PvQueuePair:
             opcode = e.IBV_WR_RDMA_WRITE if write else e.IBV_WR_RDMA_READ
             wr = pv.wr.SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[sge], send_flags=flags)
             wr.set_wr_rdma(rkey, remote_addr)
+            local.keep.extend((sge, wr))
+            self.qp.post_send(wr)
+
+    def post_atomic(
+        self,
+        wr_id: int,
+        fetch_add: bool,
+        local: Any,
+        rkey: int,
+        remote_addr: int,
+        compare_add: int,
+        swap: int,
+        fence: bool,
+    ) -> None:
+        pv, e = self.pv, self.pv.e
+        if not isinstance(local, _PvRegion):
+            raise VerbsError("an atomic into a region that is not a local bounce buffer")
+        flags = e.IBV_SEND_SIGNALED | (e.IBV_SEND_FENCE if fence else 0)
+        with _wrapped(pv, "ibv_post_send (atomic)"):
+            sge = pv.wr.SGE(int(local.mr.buf), 8, int(local.mr.lkey))
+            opcode = e.IBV_WR_ATOMIC_FETCH_AND_ADD if fetch_add else e.IBV_WR_ATOMIC_CMP_AND_SWP
+            wr = pv.wr.SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[sge], send_flags=flags)
+            wr.set_wr_atomic(rkey, remote_addr, compare_add, swap)
             local.keep.extend((sge, wr))
             self.qp.post_send(wr)
 

@@ -92,6 +92,8 @@ class WcOpcode(enum.IntEnum):
     SEND = 0
     RDMA_WRITE = 1
     RDMA_READ = 2
+    COMP_SWAP = 3
+    FETCH_ADD = 4
     RECV = 128
     RECV_RDMA_WITH_IMM = 129
 
@@ -214,6 +216,21 @@ class QueuePair(Protocol):
     ) -> None:
         """Post one signalled IBV_WR_RDMA_WRITE (``local`` -> peer) or IBV_WR_RDMA_READ (peer -> ``local``) of
         ``length`` bytes at ``remote_addr`` of the peer's region ``rkey``."""
+
+    def post_atomic(
+        self,
+        wr_id: int,
+        fetch_add: bool,
+        local: MemoryRegion,
+        rkey: int,
+        remote_addr: int,
+        compare_add: int,
+        swap: int,
+        fence: bool,
+    ) -> None:
+        """Post one signalled IBV_WR_ATOMIC_FETCH_AND_ADD (``compare_add`` is the addend) or
+        IBV_WR_ATOMIC_CMP_AND_SWP on the 8-byte word at ``remote_addr`` of the peer's region ``rkey``; the
+        word's original value lands in the first 8 bytes of ``local``."""
 
     def read_recv(self, slot: int, length: int) -> bytes:
         """The first ``length`` bytes of receive buffer ``slot`` (``length`` <= the buffer size)."""

@@ -474,6 +474,40 @@ class FakeQP:
             local.buf[:length] = target.buf[remote_addr : remote_addr + length]
         self.cq.append(Completion(wr_id, WcStatus.SUCCESS, opcode, length))
 
+    def post_atomic(
+        self,
+        wr_id: int,
+        fetch_add: bool,
+        local: FakeRegion,
+        rkey: int,
+        remote_addr: int,
+        compare_add: int,
+        swap: int,
+        fence: bool,
+    ) -> None:
+        """Done at once, as :meth:`post_rdma`: the 8-byte little-endian word at ``remote_addr`` (8-byte
+        aligned, in a region the peer registered for remote access, else a remote access error) gets the add
+        or the swap; its original value goes to ``local``."""
+        assert not self.closed and local.qp is self and not local.closed and local.length >= 8
+        if self.state != "RTS":
+            raise VerbsError(f"post_send in {self.state}", 22)
+        self.rdma_posted.append((wr_id, "fadd" if fetch_add else "cswp", 8, rkey, remote_addr))
+        opcode = WcOpcode.FETCH_ADD if fetch_add else WcOpcode.COMP_SWAP
+        target = self.peer.regions.get(rkey) if self.peer is not None else None
+        aligned = not remote_addr & 7 and remote_addr + 8 <= (target.length if target is not None else 0)
+        if target is None or target.closed or not target.remote or not aligned:
+            self.cq.append(Completion(wr_id, WcStatus.REM_ACCESS_ERR, opcode, 0))
+            self.broken = True
+            return
+        old = int.from_bytes(target.buf[remote_addr : remote_addr + 8], "little")
+        if fetch_add:
+            new = (old + compare_add) & ((1 << 64) - 1)
+        else:
+            new = swap if old == compare_add else old
+        target.buf[remote_addr : remote_addr + 8] = new.to_bytes(8, "little")
+        local.buf[:8] = old.to_bytes(8, "little")
+        self.cq.append(Completion(wr_id, WcStatus.SUCCESS, opcode, 8))
+
     def read_recv(self, slot: int, length: int) -> bytes:
         assert 0 <= slot < self.config.recv_slots and 0 <= length <= self.config.recv_buf_size
         return self.bufs.get(slot, b"")[:length].ljust(length, b"\0")

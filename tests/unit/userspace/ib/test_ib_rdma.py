@@ -258,9 +258,68 @@ def test_rdma_cmsg_errnos() -> None:
     assert send([cmsg.rdma_map(aaddr, 8, 0x1000)]) == errno.EFAULT
     assert r.sa.mrs == {}
     assert not any(q.regions for q in r.p.fabric.qps if q.src == A and not q.closed)
-    # atomics: the kernel's checks pass, then refused (not implemented over the userspace stack)
-    assert send([cmsg.atomic_fadd(cookie, aaddr, 0, 1)]) == errno.EOPNOTSUPP
+    # atomics: short EINVAL, two EINVAL, with an RDMA_ARGS EOPNOTSUPP (the kernel posts both; one op per
+    # message here), masks other than the plain op's EOPNOTSUPP (no masked atomics in verbs or rxe)
+    fadd = cmsg.atomic_fadd(cookie, aaddr, 0, 1)
+    assert send([(SOL_RDS, fadd[1], fadd[2][:64])]) == errno.EINVAL
+    assert send([fadd, fadd]) == errno.EINVAL
+    assert send([fadd, two]) == errno.EOPNOTSUPP and send([two, fadd]) == errno.EOPNOTSUPP
+    assert send([cmsg.masked_atomic_fadd(cookie, aaddr, 0, 1, 0xFF)]) == errno.EOPNOTSUPP
+    assert send([cmsg.masked_atomic_cswp(cookie, aaddr, 0, 1, 2, (1 << 64) - 1, 0xFF)]) == errno.EOPNOTSUPP
+    assert send([cmsg.masked_atomic_fadd(cookie, 0x1000, 0, 1, 0xFF)]) == errno.EFAULT  # the word first
     assert r.sa.snd_bytes == 0  # nothing was queued by any of these
+
+
+def test_atomics_fetch_add_and_compare_swap_into_a_peer_mr() -> None:
+    """Plain FADD and CSWP (and the masked types with the plain masks) on a word of B's MR: the original
+    value lands in A's local word, the RDMA_STATUS is SUCCESS, the counters are the kernel's, and B's client
+    sees the new value when the message arrives (it carries RDS_EXTHDR_RDMA, as an RDMA op's does)."""
+    r = Rdma()
+    baddr = page_buffer(r.keep)
+    aaddr = page_buffer(r.keep)
+    ctypes.memmove(baddr + 64, (41).to_bytes(8, "little"), 8)
+    cookie = r.map_on_b(baddr, 4096)
+    r.send(r.sa, b"fadd", [cmsg.atomic_fadd(cookie, aaddr, 64, 1, NOTIFY, 90)])
+    assert r.recv(r.sb)[0] == b"fadd"
+    assert int.from_bytes(ctypes.string_at(baddr + 64, 8), "little") == 42
+    assert int.from_bytes(ctypes.string_at(aaddr, 8), "little") == 41  # the original value
+    assert r.notification() == [cmsg.RdmaNotify(90, RdmaStatus.SUCCESS)]
+    # compare-and-swap: a miss leaves the word, a hit swaps it; both return the original
+    r.send(r.sa, b"miss", [cmsg.atomic_cswp(cookie, aaddr + 8, 64, 7, 1000, NOTIFY, 91)])
+    assert r.recv(r.sb)[0] == b"miss"
+    assert int.from_bytes(ctypes.string_at(baddr + 64, 8), "little") == 42
+    assert int.from_bytes(ctypes.string_at(aaddr + 8, 8), "little") == 42
+    assert r.notification() == [cmsg.RdmaNotify(91, RdmaStatus.SUCCESS)]
+    ones = (1 << 64) - 1
+    r.send(r.sa, b"hit", [cmsg.masked_atomic_cswp(cookie, aaddr + 16, 64, 42, 1000, ones, ones)])
+    assert r.recv(r.sb)[0] == b"hit"
+    assert int.from_bytes(ctypes.string_at(baddr + 64, 8), "little") == 1000
+    assert int.from_bytes(ctypes.string_at(aaddr + 16, 8), "little") == 42
+    r.send(r.sa, b"wrap", [cmsg.masked_atomic_fadd(cookie, aaddr + 24, 64, ones, 0)])  # + (2^64 - 1)
+    assert r.recv(r.sb)[0] == b"wrap"
+    assert int.from_bytes(ctypes.string_at(baddr + 64, 8), "little") == 999
+    ib_counters = r.p.ib_a.stat_counters()
+    assert (ib_counters["ib_atomic_fadd"], ib_counters["ib_atomic_cswp"]) == (2, 2)
+    assert r.p.a.counters["send_rdma_bytes"] == r.p.a.counters["recv_rdma_bytes"] == 0
+    assert [w[1] for w in next(q for q in r.p.fabric.qps if q.src == A and not q.closed).rdma_posted] == [
+        "fadd", "cswp", "cswp", "fadd"
+    ]
+
+
+def test_an_atomic_on_an_unaligned_or_unknown_remote_word_is_a_remote_error() -> None:
+    r = Rdma()
+    baddr = page_buffer(r.keep)
+    aaddr = page_buffer(r.keep)
+    cookie = r.map_on_b(baddr, 4096)
+    ctypes.memmove(aaddr, b"\xaa" * 8, 8)
+    r.send(r.sa, b"odd", [cmsg.atomic_fadd(cookie, aaddr, 4, 1, NOTIFY, 92)])
+    assert r.notification() == [cmsg.RdmaNotify(92, RdmaStatus.REMOTE_ERROR)]
+    assert ctypes.string_at(aaddr, 8) == b"\xaa" * 8  # nothing written back on an error
+    # the connection dropped (both QPs in error) and comes back: a message each way
+    r.send(r.sa, b"after")
+    assert r.recv(r.sb)[0] == b"after"
+    r.send(r.sb, b"retfa")
+    assert r.recv(r.sa)[0] == b"retfa"
 
 
 def test_map_before_the_connection_is_up_is_eagain_and_dials() -> None:
