@@ -4,19 +4,17 @@ the host hands the guest, and the report's IB text and tables."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from benchlib import bench_modules
 
 from pyrds.testing import ib
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 #: benchmarks/ modules import each other as top-level modules (run.py puts its directory on sys.path)
 BENCH_MODULES = ("run", "cells", "ib_section", "report", "topology", "sections")
 REAL_FABRIC = ib.IbFabric  # the tests below replace ib.IbFabric
@@ -24,17 +22,8 @@ REAL_FABRIC = ib.IbFabric  # the tests below replace ib.IbFabric
 
 @pytest.fixture(scope="module")
 def bench() -> Iterator[dict[str, ModuleType]]:
-    before = {name: sys.modules.get(name) for name in BENCH_MODULES}
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield {name: importlib.import_module(name) for name in ("run", "cells", "ib_section", "report")}
-    finally:
-        sys.path.remove(str(BENCH))
-        for name, mod in before.items():
-            if mod is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = mod
+    with bench_modules(("run", "cells", "ib_section", "report"), BENCH_MODULES) as mods:
+        yield mods
 
 
 def labels(group: list[Any]) -> list[str]:

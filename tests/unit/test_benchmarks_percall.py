@@ -3,33 +3,19 @@ data call) passes every call shape through unchanged, and the report shows pyrds
 
 from __future__ import annotations
 
-import importlib
 import socket
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from benchlib import bench_modules
 
 
 @pytest.fixture(scope="module")
 def mods() -> Iterator[dict[str, ModuleType]]:
-    names = ("percall", "report")
-    before = {name: sys.modules.get(name) for name in names}
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield {name: importlib.import_module(name) for name in names}
-    finally:
-        sys.path.remove(str(BENCH))
-        for name, mod in before.items():
-            if mod is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = mod
+    with bench_modules(("percall", "report")) as loaded:
+        yield loaded
 
 
 def test_floor_passes_every_call_shape_through(mods: dict[str, ModuleType], monkeypatch: Any) -> None:
