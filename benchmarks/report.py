@@ -84,6 +84,14 @@ def _overhead_table(rows: list[dict[str, Any]]) -> list[str]:
     return out if len(out) > 2 else []
 
 
+def _percall_run(run: dict[str, Any] | None) -> list[str]:
+    """The per-call table's own date, machine and note when it was measured in a run of its own."""
+    if not run:
+        return []
+    note = f" ({run['note']})" if run.get("note") else ""
+    return [f"Measured {run.get('date', '?')} on {run.get('machine', '?')}{note}, in a run of its own.", ""]
+
+
 def _percall_table(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
@@ -160,6 +168,7 @@ def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
             [
                 "## Per call: pyrds.kernel against the stdlib socket (benchmarks/percall.py)",
                 "",
+                *_percall_run(data.get("percall_run")),
                 "One process, RDS over the loop transport (127.0.0.1 / ::1): µs per iteration of the",
                 "loop (one send and one receive), the best of the alternating batches (median in",
                 "brackets). The IPv6 stdlib socket is an AF_INET6-family `socket.socket` on an AF_RDS fd.",

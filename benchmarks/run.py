@@ -262,11 +262,22 @@ def merge(data: dict[str, Any], previous: Path, measured: list[str]) -> dict[str
     old = json.loads(previous.read_text())
     out = dict(data)
     if not {"stress", "percall"} & set(measured):
-        for key in ("date", "machine", "duration_s", "results", "percall", "note", "kernel"):
+        for key in ("date", "machine", "duration_s", "results", "percall", "percall_run", "note", "kernel"):
             if key in old:
                 out[key] = old[key]
             else:
                 out.pop(key, None)
+    elif "stress" not in measured:
+        # the per-call table alone: the stress rows (and the top-level date, machine and note they go
+        # with) stay; this run's own date, machine and note go with the table
+        out["percall_run"] = {k: data[k] for k in ("date", "machine", "note", "kernel") if k in data}
+        for key in ("date", "machine", "duration_s", "results", "note", "kernel"):
+            if key in old:
+                out[key] = old[key]
+    elif "percall" not in measured:
+        for key in ("percall", "percall_run"):
+            if key in old:
+                out[key] = old[key]
     for section, key in SECTION_KEYS.items():
         if section not in measured and key in old:
             out[key] = old[key]

@@ -53,3 +53,29 @@ def test_report_shows_pyrds_against_the_floor(mods: dict[str, ModuleType]) -> No
     assert head.endswith("| pyrds.kernel / floor |")
     assert line.endswith("| 1.050x (median 1.000x) |")
     assert "1.100x (median 1.083x)" in line  # floor / stdlib
+
+
+def test_a_percall_run_of_its_own_keeps_the_stress_rows(tmp_path: Any) -> None:
+    """``run.py --sections percall --merge`` once replaced the stress rows with none (and the chart of no
+    rows failed): the stress part stays, and the per-call table says when and where it was measured."""
+    import json
+
+    with bench_modules(("run", "report"), ("cells", "ib_section", "topology", "sections", "percall")) as m:
+        saved = tmp_path / "results.json"
+        old = {"date": "old", "machine": "m", "duration_s": 3.0, "results": [{"scenario": "x"}], "note": "n"}
+        saved.write_text(json.dumps({**old, "percall": [{"case": "old"}], "ib": {"rows": ["ib"]}}))
+        new = {"date": "new", "machine": "m2", "duration_s": 3.0, "results": [], "percall": [{"case": "new"}]}
+        out = m["run"].merge({**new, "note": "quiet"}, saved, ["percall"])
+        assert out["results"] == old["results"] and out["date"] == "old" and out["note"] == "n"
+        assert out["percall"] == [{"case": "new"}] and out["ib"] == {"rows": ["ib"]}
+        assert out["percall_run"] == {"date": "new", "machine": "m2", "note": "quiet"}
+        assert m["report"]._percall_run(out["percall_run"]) == [
+            "Measured new on m2 (quiet), in a run of its own.",
+            "",
+        ]
+        # the stress rows measured again: the per-call table and its own date stay
+        again = m["run"].merge({**new, "results": [{"scenario": "y"}], "percall": []}, tmp_path / "none", [])
+        assert again["results"] == [{"scenario": "y"}]
+        saved.write_text(json.dumps(out))
+        kept = m["run"].merge({**new, "results": [{"scenario": "y"}], "percall": []}, saved, ["stress"])
+        assert kept["percall"] == [{"case": "new"}] and kept["percall_run"] == out["percall_run"]
