@@ -109,6 +109,40 @@ def drain_nonblocking(sock: Any, bufsize: int = 1 << 20) -> list[tuple[bytes, An
     return list(drain_ready(sock, bufsize, socket.MSG_DONTWAIT))
 
 
+def send_until_enobufs(
+    sender: Any, dest: Any, size: int, timeout: float, limit: int | None = None, pause: float = 0.01
+) -> tuple[int, bool]:
+    """Non-blocking sends of ``size`` bytes to ``dest`` until ENOBUFS (the destination's congestion map says
+    its port is congested), EAGAIN retried after ``pause``; stops after ``timeout`` s or ``limit`` messages.
+    Returns (messages sent, whether ENOBUFS came); any other error is raised."""
+    sent = 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (limit is None or sent < limit):
+        try:
+            sender.sendto(b"c" * size, socket.MSG_DONTWAIT, dest)
+            sent += 1
+        except OSError as exc:
+            if exc.errno == errno.ENOBUFS:
+                return sent, True
+            if exc.errno != errno.EAGAIN:
+                raise
+            time.sleep(pause)
+    return sent, False
+
+
+def send_when_uncongested(sender: Any, data: bytes, dest: Any, timeout: float, pause: float = 0.05) -> None:
+    """Send ``data`` non-blocking, retrying ENOBUFS and EAGAIN (every ``pause`` s) until the destination's
+    port is clear; AssertionError with the last error after ``timeout`` s, any other error raised."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sender.sendto(data, socket.MSG_DONTWAIT, dest)
+            return
+        except OSError as exc:
+            assert exc.errno in (errno.ENOBUFS, errno.EAGAIN) and time.monotonic() < deadline, exc
+            time.sleep(pause)
+
+
 def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
     """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL (a server started for a test)."""
     proc.terminate()

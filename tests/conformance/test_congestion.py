@@ -15,7 +15,14 @@ import pytest
 
 from pyrds.cmsg import CongUpdate, parse_ancdata
 from pyrds.constants import SOL_RDS, SockOpt, Transport, cong_monitor_mask
-from pyrds.testing.helpers import drain_nonblocking, expect_errno, poll_mask, wait_readable
+from pyrds.testing.helpers import (
+    drain_nonblocking,
+    expect_errno,
+    poll_mask,
+    send_until_enobufs,
+    send_when_uncongested,
+    wait_readable,
+)
 
 MSG = 1000
 
@@ -96,18 +103,10 @@ def _recv_soon(sock, timeout):
 
 def _fill(sender, dest, timeout=20.0):
     """Send non-blocking until ENOBUFS (the peer's map says congested); return messages sent."""
-    sent = 0
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            sender.sendto(b"c" * MSG, socket.MSG_DONTWAIT, dest)
-            sent += 1
-        except OSError as exc:
-            if exc.errno == errno.ENOBUFS:
-                return sent
-            assert exc.errno == errno.EAGAIN, exc
-            time.sleep(0.01)
-    raise AssertionError(f"no ENOBUFS after {sent} messages")
+    sent, enobufs = send_until_enobufs(sender, dest, MSG, timeout)
+    if not enobufs:
+        raise AssertionError(f"no ENOBUFS after {sent} messages")
+    return sent
 
 
 def _drain_all(r, expect, timeout=20.0):
@@ -125,14 +124,7 @@ def test_tcp_congestion_enobufs_and_recovery(rds_two_nodes, rds_observe):
     sent = _fill(s, r.getsockname())
     assert sent >= 4
     assert _drain_all(r, sent) == sent
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            s.sendto(b"again", socket.MSG_DONTWAIT, r.getsockname())
-            break
-        except OSError as exc:
-            assert exc.errno in (errno.ENOBUFS, errno.EAGAIN) and time.monotonic() < deadline, exc
-            time.sleep(0.05)
+    send_when_uncongested(s, b"again", r.getsockname(), 20)
     assert _recv_soon(r, 20) == b"again"
     rds_observe("recovered", True)
 

@@ -9,17 +9,16 @@ is pinned with SO_RDS_TRANSPORT=IB and has 4 MiB buffers. Node A sends first (it
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import random
 import socket
-import time
 from typing import Any
 
 import pytest
 
 from pyrds import info
 from pyrds.constants import SOL_RDS, InfoConnectionFlag, InfoType, SockOpt, Transport
+from pyrds.testing.helpers import send_until_enobufs, send_when_uncongested
 from pyrds.testing.ib import v4_mapped
 
 pytestmark = pytest.mark.rds_ib
@@ -184,24 +183,6 @@ def test_ib_rdma_connection_info(rds_ib_pair, rds_observe, table):
     assert (ra.src_gid, ra.dst_gid) == (rb.dst_gid, rb.src_gid), "the two records' GIDs are not swapped"
 
 
-def _send_until_enobufs(s: Any, dest: Any) -> tuple[int, bool]:
-    """Non-blocking sends of CONG_MSG bytes until ENOBUFS (the peer's congestion map says the port is
-    congested), EAGAIN retried; (messages sent, whether ENOBUFS came)."""
-    sent = 0
-    deadline = time.monotonic() + CONG_TIMEOUT
-    while sent < CONG_LIMIT and time.monotonic() < deadline:
-        try:
-            s.sendto(b"c" * CONG_MSG, socket.MSG_DONTWAIT, dest)
-            sent += 1
-        except OSError as exc:
-            if exc.errno == errno.ENOBUFS:
-                return sent, True
-            if exc.errno != errno.EAGAIN:
-                raise
-            time.sleep(0.05)
-    return sent, False
-
-
 #: why userspace-kernel needs the peer guest here
 ONE_MACHINE_NO_CONG = (
     "not run on one machine: the kernel marks its RDS/IB connection to a local address as loopback "
@@ -231,7 +212,7 @@ def test_ib_congestion(rds_ib_pair, rds_observe):
     a, b = _pair(_cong_pair(rds_ib_pair))
     b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CONG_RCVBUF)
     _ping_pong(a, b)
-    sent, enobufs = _send_until_enobufs(a, b.getsockname())
+    sent, enobufs = send_until_enobufs(a, b.getsockname(), CONG_MSG, CONG_TIMEOUT, CONG_LIMIT, pause=0.05)
     rds_observe("enobufs", enobufs)
     assert enobufs, f"no ENOBUFS after {sent} messages of {CONG_MSG} bytes"
     assert sent >= 2, sent
@@ -239,13 +220,6 @@ def test_ib_congestion(rds_ib_pair, rds_observe):
     got = sum(1 for _ in range(sent) if len(b.recv(RECV_BUF)) == CONG_MSG)
     rds_observe("all_received", got == sent)
     assert got == sent, (got, sent)
-    deadline = time.monotonic() + CONG_TIMEOUT
-    while True:
-        try:
-            a.sendto(b"again", socket.MSG_DONTWAIT, b.getsockname())
-            break
-        except OSError as exc:
-            assert exc.errno in (errno.ENOBUFS, errno.EAGAIN) and time.monotonic() < deadline, exc
-            time.sleep(0.1)
+    send_when_uncongested(a, b"again", b.getsockname(), CONG_TIMEOUT, pause=0.1)
     assert b.recv(64) == b"again"
     rds_observe("recovered", True)
