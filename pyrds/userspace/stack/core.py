@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyrds.addr import IPAddress
-from pyrds.constants import MSG_ZEROCOPY, RDS_MAX_MSG_SIZE, Transport
+from pyrds.constants import MSG_ZEROCOPY, RDS_MAX_MSG_SIZE, RdmaStatus, Transport
 from pyrds.userspace.config import StackConfig
 from pyrds.userspace.proto.cong import CongestionMap, next_congested_state
 from pyrds.userspace.stack import ancillary, rdma
@@ -400,7 +400,11 @@ class Stack:
         """StackHost: an RDMA op's work request completed (``rds_rdma_send_complete``): a READ's bytes go
         to the client's vectors; the socket gets an RDS_CMSG_RDMA_STATUS if the op asked for it, once (a
         message with an RDMA op is never retransmitted: a reconnect reports it DROPPED, unless it was
-        notified already)."""
+        notified already). Without NOTIFY_ME, an RDMA (not atomic) op of a socket with RDS_RECVERR set is
+        notified when its message is dropped (``rds_send_remove_from_sock``: ``op_notify || (op_recverr &&
+        status)``; the only non-zero status reaching it is RDS_RDMA_DROPPED, from ``rds_send_xmit``'s
+        to_be_dropped list; a completion's status goes out only with NOTIFY_ME: ``rds_rdma_send_complete``).
+        """
         if status != 3 and not op.atomic:
             # rds_ib_send_unmap_rdma: WRITE bytes sent, READ bytes received (not for a drop; an atomic's
             # completion counts ib_atomic_* in its transport: rds_ib_send_unmap_atomic)
@@ -414,7 +418,7 @@ class Stack:
             except StackError:
                 self.counters["rdma_read_writeback_failed"] += 1
                 status = 4  # RDS_RDMA_OTHER_ERROR: the client's buffer is gone
-        if op.done or not op.notify:
+        if op.done or not (op.notify or _recverr_notifies(op, status)):
             return
         op.done = True
         rs.rdma_notify.append((op.token, status))
@@ -722,3 +726,9 @@ class Stack:
             self.push_ready(rs)
         rs.update_readiness()
         return data, out.items, msg_flags | out.msg_flags, (str(inc.saddr), inc.sport, rs.scope_id)
+
+
+def _recverr_notifies(op: rdma.RdmaOp, status: int) -> bool:
+    """An op without NOTIFY_ME is still notified: an RDMA op (``rm->rdma``; the kernel never looks at an
+    atomic's ``op_recverr``) of a RDS_RECVERR socket whose message was dropped."""
+    return op.recverr and not op.atomic and status == RdmaStatus.DROPPED

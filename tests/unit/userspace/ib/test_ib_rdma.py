@@ -488,3 +488,35 @@ def test_client_memory_of_another_process_and_the_open_handler() -> None:
     for cb in req.after_reply:
         cb()
     stack.close(req.rs)
+
+
+def test_recverr_reports_a_dropped_rdma_op_without_notify_me() -> None:
+    """RDS_RECVERR (``rs_recverr``): an RDMA op without NOTIFY_ME whose message is dropped (its WR failed on a
+    bad r_key, the connection went down with the message unacked, and a message with an RDMA op is never
+    retransmitted) is reported RDS_RDMA_DROPPED, as ``rds_send_remove_from_sock`` does (op_recverr && status);
+    the REMOTE_ERROR completion itself is not (``rds_rdma_send_complete`` looks at op_notify only). Without
+    RDS_RECVERR nothing is reported."""
+    for recverr in (1, 0):
+        r = Rdma()
+        setsockopt(r.p.a, r.sa, SOL_RDS, SockOpt.RDS_RECVERR, struct.pack("i", recverr))
+        aaddr = page_buffer(r.keep)
+        bogus = uapi.rdma_cookie(0xBAD, 0)
+        r.send(r.sa, b"x", [cmsg.rdma_args(bogus, 0, 8, iov(r.keep, (aaddr, 8)), 1, RW, 31)])
+        r.send(r.sa, b"after", [])  # the connection is back and the next message goes through
+        assert r.recv(r.sb)[0] == b"after"
+        if recverr:
+            assert r.notification() == [cmsg.RdmaNotify(31, RdmaStatus.DROPPED)]
+        assert not r.sa.rdma_notify
+
+
+def test_recverr_does_not_report_an_atomic() -> None:
+    """``rds_send_remove_from_sock`` looks at the RDMA op's op_recverr only: a failed atomic without
+    NOTIFY_ME is not reported even with RDS_RECVERR set."""
+    r = Rdma()
+    setsockopt(r.p.a, r.sa, SOL_RDS, SockOpt.RDS_RECVERR, struct.pack("i", 1))
+    aaddr = page_buffer(r.keep)
+    bogus = uapi.rdma_cookie(0xBAD, 0)
+    r.send(r.sa, b"x", [cmsg.atomic_fadd(bogus, aaddr, 0, 1, 0, 32)])
+    r.send(r.sa, b"after", [])
+    assert r.recv(r.sb)[0] == b"after"
+    assert not r.sa.rdma_notify
