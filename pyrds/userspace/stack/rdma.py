@@ -20,6 +20,11 @@ pages when it is mapped and again whenever the socket names it in an RDMA_DEST (
 RDMA extension header for its r_key arrives (``rds_rdma_unuse`` -> ``sync_mr(DMA_FROM_DEVICE)``), only the
 bytes that differ from what the region held (:func:`changed_runs`), so the client's own writes elsewhere in
 those pages are kept.
+
+Atomics (``rds_cmsg_atomic``: :func:`_atomic_op`) go out as plain verbs atomics; the masked types, which
+neither verbs nor rdma_rxe have, are done with plain ones by :class:`MaskedAtomic` (a read, then
+compare-and-swaps computed with :func:`masked_fadd` / :func:`masked_cswp`), sans-IO; the IB driver posts the
+steps.
 """
 
 from __future__ import annotations
