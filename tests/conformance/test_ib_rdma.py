@@ -15,7 +15,8 @@ both QPs go to the error state and RDS reconnects. They check that a message the
 sockets. On userspace-kernel they run across two guests when there is a peer guest (:func:`_error_pair`),
 else they are skipped (:data:`NO_ERRORS_ON`). Atomics (:func:`test_ib_rdma_atomic`) only between userspace
 nodes: over rxe the kernel's never complete and stall the connection (kernel-vs-facts.md row 14), and a kernel
-target's connection did not survive one.
+target's connection did not survive one. The masked atomics of a userspace requester are emulated with plain
+ones (rdma_rxe has no masked atomics), so they run only there as well.
 
 Only with ``--rds-ib`` (tests/conformance/README.md, "RDS/IB"). Node A is the one that sends first.
 """
@@ -443,6 +444,37 @@ def test_ib_rdma_free_mr(rds_ib_pair, rds_observe, case):
 ATOMIC_AT, ATOMIC_LOCAL_AT = 104, 8
 #: what B's word holds before the op, what a FADD adds, and what a CSWP swaps in
 ATOMIC_START, ATOMIC_ADD, ATOMIC_SWAP = 0x0102030405060708, 5, 0x1122334455667788
+ONES = (1 << 64) - 1
+#: masked FADD: two 32-bit fields (nocarry bits 31 and 63); the low field 0x05060708 + 0xfb000000 overflows
+#: without carrying into the high one, which gets + 0x10 (a plain add would give 0x0102031500060708)
+TWO_FIELDS, FIELDS_ADD = (1 << 31) | (1 << 63), (0x10 << 32) | 0xFB000000
+#: masked CSWP: the low 16 bits compared (compare's other bits differ from the word's: ignored), the top 16
+#: swapped; the miss compares bits 8-15, which differ
+CSWP_COMPARE, CSWP_COMPARE_MASK, CSWP_SWAP_MASK = 0xFFFFFFFFFFFF0708, 0xFFFF, 0xFFFF << 48
+MISS_COMPARE, MISS_COMPARE_MASK = ATOMIC_START ^ 0x100, 0xFF00
+
+
+def _atomic_case(op: str, cookie: int, local: int) -> tuple[Any, int]:
+    """The atomic cmsg of case ``op`` (token 21, NOTIFY_ME) on the word at ``cookie``, and B's word after."""
+    if op == "fadd":
+        return cmsg.atomic_fadd(cookie, local, 0, ATOMIC_ADD, NOTIFY, 21), ATOMIC_START + ATOMIC_ADD
+    if op == "cswp":
+        return cmsg.atomic_cswp(cookie, local, 0, ATOMIC_START, ATOMIC_SWAP, NOTIFY, 21), ATOMIC_SWAP
+    if op == "masked_fadd":
+        anc = cmsg.masked_atomic_fadd(cookie, local, 0, FIELDS_ADD, TWO_FIELDS, NOTIFY, 21)
+        return anc, 0x0102031400060708
+    if op == "masked_cswp":
+        anc = cmsg.masked_atomic_cswp(
+            cookie, local, 0, CSWP_COMPARE, ATOMIC_SWAP, CSWP_COMPARE_MASK, CSWP_SWAP_MASK, NOTIFY, 21
+        )
+        return anc, 0x1122030405060708
+    assert op == "masked_cswp_miss", op
+    anc = cmsg.masked_atomic_cswp(
+        cookie, local, 0, MISS_COMPARE, ATOMIC_SWAP, MISS_COMPARE_MASK, ONES, NOTIFY, 21
+    )
+    return anc, ATOMIC_START
+
+
 KERNEL_TARGET_ATOMICS = (
     "not run with a kernel target: its FRWR MR has no remote-atomic access (ib_frmr.c), so the op ends in a "
     "remote access error, and after it the kernel's RDS/IB connection did not come back: seen twice on 7.3.4 "
@@ -457,17 +489,21 @@ KERNEL_ATOMICS = (
 )
 
 
-@pytest.mark.parametrize("op", ["fadd", "cswp"])
+@pytest.mark.parametrize("op", ["fadd", "cswp", "masked_fadd", "masked_cswp", "masked_cswp_miss"])
 def test_ib_rdma_atomic(rds_ib_pair, rds_observe, op):
-    """B maps an 8-byte word holding ATOMIC_START (RDMA_MAP, READWRITE); A sends a message carrying a plain
-    RDS_CMSG_ATOMIC_FADD (+ATOMIC_ADD) or RDS_CMSG_ATOMIC_CSWP (compare ATOMIC_START, swap ATOMIC_SWAP) on it,
-    NOTIFY_ME. Observed: A's RDMA_STATUS, the original value in A's local word, B's word once the message
+    """B maps an 8-byte word holding ATOMIC_START (RDMA_MAP, READWRITE); A sends a message carrying an atomic
+    on it, NOTIFY_ME: a plain RDS_CMSG_ATOMIC_FADD (+ATOMIC_ADD) or RDS_CMSG_ATOMIC_CSWP (compare
+    ATOMIC_START, swap ATOMIC_SWAP), or a masked one (:func:`_atomic_case`: a FADD on two 32-bit fields whose
+    low one overflows alone, a CSWP comparing and swapping only some bits, and one whose masked compare
+    fails). Observed: A's RDMA_STATUS, the original value in A's local word, B's word once the message
     arrived, whether it arrived.
 
     A userspace target registers its regions with remote-atomic access: SUCCESS, A's local word gets
-    ATOMIC_START and B's word the result when the message arrives. So only userspace-userspace runs: a
-    kernel requester's atomic never completes over rxe (:data:`KERNEL_ATOMICS`) and a kernel target's
-    connection did not survive one (:data:`KERNEL_TARGET_ATOMICS`)."""
+    ATOMIC_START and B's word the result when the message arrives (a userspace requester does the masked
+    types with plain atomics: a read, then compare-and-swaps; the message goes after them). So only
+    userspace-userspace runs: a kernel requester's atomic never completes over rxe (:data:`KERNEL_ATOMICS`:
+    it posts masked work requests for all four types) and a kernel target's connection did not survive one
+    (:data:`KERNEL_TARGET_ATOMICS`)."""
     if rds_ib_pair.a.backend == "kernel":
         pytest.skip(KERNEL_ATOMICS)
     if rds_ib_pair.b.backend == "kernel":
@@ -478,11 +514,8 @@ def test_ib_rdma_atomic(rds_ib_pair, rds_observe, op):
     cookie = _map(b, a, target.addr + ATOMIC_AT, 8, RW)
     local = a.scratch.addr + ATOMIC_LOCAL_AT
     a.scratch.write(ATOMIC_LOCAL_AT, bytes(8))
-    if op == "fadd":
-        anc, expect = [cmsg.atomic_fadd(cookie, local, 0, ATOMIC_ADD, NOTIFY, 21)], ATOMIC_START + ATOMIC_ADD
-    else:
-        anc, expect = [cmsg.atomic_cswp(cookie, local, 0, ATOMIC_START, ATOMIC_SWAP, NOTIFY, 21)], ATOMIC_SWAP
-    assert a.sock.sendmsg([b"atomic"], anc, 0, b.addr) == 6
+    atomic, expect = _atomic_case(op, cookie, local)
+    assert a.sock.sendmsg([b"atomic"], [atomic], 0, b.addr) == 6
     status = _status(a.sock)
     original = int.from_bytes(a.scratch.read(ATOMIC_LOCAL_AT, 8), "little")
     arrived = status.endswith(" SUCCESS") and _recv(b.sock)[0] == b"atomic"

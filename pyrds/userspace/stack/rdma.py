@@ -20,6 +20,11 @@ pages when it is mapped and again whenever the socket names it in an RDMA_DEST (
 RDMA extension header for its r_key arrives (``rds_rdma_unuse`` -> ``sync_mr(DMA_FROM_DEVICE)``), only the
 bytes that differ from what the region held (:func:`changed_runs`), so the client's own writes elsewhere in
 those pages are kept.
+
+Atomics (``rds_cmsg_atomic``: :func:`_atomic_op`) go out as plain verbs atomics; the masked types, which
+neither verbs nor rdma_rxe have, are done with plain ones by :class:`MaskedAtomic` (a read, then
+compare-and-swaps computed with :func:`masked_fadd` / :func:`masked_cswp`), sans-IO; the IB driver posts the
+steps.
 """
 
 from __future__ import annotations
@@ -40,15 +45,21 @@ __all__ = [
     "ATOMIC_ARGS_SIZE",
     "ATOMIC_CSWP",
     "ATOMIC_FADD",
+    "AtomicStep",
     "GET_MR_ARGS_SIZE",
+    "MAX_MASKED_SWAPS",
+    "MaskedAtomic",
     "RDMA_ARGS_SIZE",
     "NOT_ATOMIC",
     "MemRegion",
     "Plan",
+    "READ_STEP",
     "RdmaOp",
     "Region",
     "changed_runs",
     "cmsg_send",
+    "masked_cswp",
+    "masked_fadd",
     "map_checks",
     "rm_size",
 ]
@@ -154,6 +165,18 @@ class RdmaOp:
     atomic: int = NOT_ATOMIC
     compare_add: int = 0  # FADD: the addend; CSWP: the compare value
     swap: int = 0  # CSWP: the swap value
+    nocarry_mask: int = 0  # masked FADD: a set bit i stops the carry out of bit i
+    compare_mask: int = _ALL_ONES  # masked CSWP: the bits compared
+    swap_mask: int = _ALL_ONES  # masked CSWP: the bits swapped
+
+    @property
+    def masked(self) -> bool:
+        """An atomic whose masks are not the plain op's: done with plain atomics (:class:`MaskedAtomic`)."""
+        if self.atomic == ATOMIC_FADD:
+            return self.nocarry_mask != 0
+        if self.atomic == ATOMIC_CSWP:
+            return self.compare_mask != _ALL_ONES or self.swap_mask != _ALL_ONES
+        return False
 
 
 @dataclass(slots=True)
@@ -353,25 +376,24 @@ def _rdma_op(
 
 def _atomic_op(kind: int, data: bytes, sock_id: int, recverr: bool, mem: ClientMemory) -> RdmaOp:
     """``rds_cmsg_atomic``: ``struct rds_atomic_args`` (cookie, local_addr, remote_addr, four u64 of the
-    op, flags, user_token). Every type becomes a plain fetch-and-add or compare-and-swap: the plain types
-    as the kernel makes them (nocarry_mask 0; masks ~0), a masked type only when its masks are those
-    (EOPNOTSUPP otherwise: the verbs API and rdma_rxe have no masked atomics; the kernel posts masked work
-    requests for all four, which rxe refuses). The local word must be 8-byte aligned (EFAULT) and there
-    (EFAULT); the remote address is ``remote_addr`` + the cookie's offset."""
+    op, flags, user_token). The plain types get the masks the kernel gives them (nocarry_mask 0; compare
+    and swap masks ~0) and go out as one plain verbs atomic; a masked type keeps its masks and, unless they
+    are the plain ones, is emulated with plain atomics (:class:`MaskedAtomic`: the verbs API and rdma_rxe
+    have no masked atomics). The local word must be 8-byte aligned (EFAULT) and there (EFAULT); the remote
+    address is ``remote_addr`` + the cookie's offset."""
     cookie, local_addr, remote_addr, a, b, c, d, flags, token = struct.unpack_from("=9Q", data)
+    nocarry, cmask, smask = 0, _ALL_ONES, _ALL_ONES
     if kind == CmsgType.RDS_CMSG_ATOMIC_FADD:
-        atomic, compare_add, swap, masked = ATOMIC_FADD, a, 0, False
+        atomic, compare_add, swap = ATOMIC_FADD, a, 0
     elif kind == CmsgType.RDS_CMSG_MASKED_ATOMIC_FADD:
-        atomic, compare_add, swap, masked = ATOMIC_FADD, a, 0, b != 0  # nocarry_mask
+        atomic, compare_add, swap, nocarry = ATOMIC_FADD, a, 0, b
     elif kind == CmsgType.RDS_CMSG_ATOMIC_CSWP:
-        atomic, compare_add, swap, masked = ATOMIC_CSWP, a, b, False
+        atomic, compare_add, swap = ATOMIC_CSWP, a, b
     else:  # RDS_CMSG_MASKED_ATOMIC_CSWP: compare, swap, compare_mask, swap_mask
-        atomic, compare_add, swap, masked = ATOMIC_CSWP, a, b, c != _ALL_ONES or d != _ALL_ONES
+        atomic, compare_add, swap, cmask, smask = ATOMIC_CSWP, a, b, c, d
     if local_addr & 7:
         raise StackError(errno.EFAULT)
     mem.read(local_addr, 8)  # rds_pin_pages: EFAULT when the word is not there
-    if masked:
-        raise StackError(errno.EOPNOTSUPP)
     return RdmaOp(
         write=False,
         rkey=cookie & 0xFFFFFFFF,
@@ -386,7 +408,113 @@ def _atomic_op(kind: int, data: bytes, sock_id: int, recverr: bool, mem: ClientM
         atomic=atomic,
         compare_add=compare_add,
         swap=swap,
+        nocarry_mask=nocarry,
+        compare_mask=cmask,
+        swap_mask=smask,
     )
+
+
+# -- masked atomics from plain ones --------------------------------------------------------------------------
+#: compare-and-swaps one masked op may post before it gives up (RDS_RDMA_OTHER_ERROR)
+MAX_MASKED_SWAPS = 32
+
+
+def masked_fadd(old: int, add: int, nocarry_mask: int) -> int:
+    """InfiniBand's masked fetch-and-add (``IB_WR_MASKED_ATOMIC_FETCH_AND_ADD``, what the kernel posts for
+    RDS_CMSG_MASKED_ATOMIC_FADD): ``old + add`` modulo 2^64 where a set bit i of ``nocarry_mask`` stops the
+    carry out of bit i, so the word is a row of independent fields, each ending at a set bit. The top bit of
+    each field is added without its carry (an exclusive or); the bits below it carry as usual, at most into
+    the top bit, which both operands have cleared."""
+    old, add, tops = old & _U64, add & _U64, nocarry_mask & _U64
+    return (((old & ~tops) + (add & ~tops)) ^ ((old ^ add) & tops)) & _U64
+
+
+def masked_cswp(old: int, compare: int, swap: int, compare_mask: int, swap_mask: int) -> int:
+    """InfiniBand's masked compare-and-swap (``IB_WR_MASKED_ATOMIC_CMP_AND_SWP``): if the bits of
+    ``compare_mask`` of ``old`` equal those of ``compare``, the bits of ``swap_mask`` take ``swap``'s, the
+    others stay; else the word is unchanged. Returns the new word."""
+    old &= _U64
+    if (old ^ compare) & compare_mask & _U64:
+        return old
+    return ((old & ~swap_mask) | (swap & swap_mask)) & _U64
+
+
+@dataclass(frozen=True, slots=True)
+class AtomicStep:
+    """One plain verbs atomic to post on the op's word: a fetch-and-add of ``compare_add``, or a
+    compare-and-swap of ``compare_add`` (the expected value) for ``swap``."""
+
+    fetch_add: bool
+    compare_add: int
+    swap: int = 0
+
+
+#: the read that starts a masked op: a fetch-and-add of 0 returns the word atomically and leaves it
+READ_STEP = AtomicStep(True, 0)
+
+
+class MaskedAtomic:
+    """A masked atomic done with plain ones, sans-IO: :meth:`first` is the read (fetch-and-add 0); each
+    returned original value goes to :meth:`advance`, which computes the new word locally and asks for a
+    compare-and-swap (expected the value read, swap the new word), or says the op is done. A swap that
+    returns another value lost a race with another atomic on the word: the next try starts from that value
+    (no new read), at most :data:`MAX_MASKED_SWAPS` swaps, then :attr:`status` is RDS_RDMA_OTHER_ERROR.
+    When the masked compare fails, or the new word equals the old, the op is done without a write.
+
+    Linearizable against every other atomic on the word (a successful swap took effect on exactly the value
+    the result was computed from; a failed compare or a no-op took effect at the atomic read that saw the
+    value), not against plain RDMA writes -- as a masked atomic of an HCA is not either. The result is the
+    original value, as the masked op's: :attr:`result` (None unless :attr:`status` is SUCCESS)."""
+
+    __slots__ = ("op", "max_swaps", "swaps", "result", "status", "_expected")
+
+    def __init__(self, op: RdmaOp, max_swaps: int = MAX_MASKED_SWAPS) -> None:
+        if op.atomic not in (ATOMIC_FADD, ATOMIC_CSWP) or max_swaps < 1:
+            raise ValueError("a fetch-and-add or compare-and-swap, and at least one swap")
+        self.op = op
+        self.max_swaps = max_swaps
+        #: compare-and-swaps asked for so far (a retry is every one after the first)
+        self.swaps = 0
+        self.result: int | None = None
+        self.status = int(RdmaStatus.SUCCESS)
+        self._expected: int | None = None  # the value the swap in flight expects; None: the read is
+
+    @property
+    def retries(self) -> int:
+        return max(self.swaps - 1, 0)
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self.status != RdmaStatus.SUCCESS
+
+    def first(self) -> AtomicStep:
+        return READ_STEP
+
+    def new_word(self, old: int) -> int:
+        op = self.op
+        if op.atomic == ATOMIC_FADD:
+            return masked_fadd(old, op.compare_add, op.nocarry_mask)
+        return masked_cswp(old, op.compare_add, op.swap, op.compare_mask, op.swap_mask)
+
+    def advance(self, returned: int) -> AtomicStep | None:
+        """The step in flight completed with ``returned`` (the word's value before it): the next step to
+        post, or None when the op is done (:attr:`result`, :attr:`status`)."""
+        if self.done:
+            raise ValueError("the masked atomic is done")
+        returned &= _U64
+        if self._expected is not None and returned == self._expected:
+            self.result = returned  # the swap took effect
+            return None
+        new = self.new_word(returned)
+        if new == returned:  # the compare failed, or nothing changes: the read (or failed swap) was the op
+            self.result = returned
+            return None
+        if self.swaps >= self.max_swaps:
+            self.status = int(RdmaStatus.OTHER_ERROR)
+            return None
+        self.swaps += 1
+        self._expected = returned
+        return AtomicStep(False, returned, new)
 
 
 def drop_mr(mrs: dict[int, MemRegion], key: int) -> MemRegion | None:

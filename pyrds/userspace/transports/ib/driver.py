@@ -23,6 +23,15 @@ Rings: receive slots are all posted once per connection before the peer can send
 is exactly what is posted). Send slot of a work request: ``wr_id % send_wr`` (the engine numbers them
 consecutively and never has more than ``send_wr`` outstanding); the ACK frame has its own slot ``send_wr``.
 
+RDMA and atomic ops (``stack.rdma.RdmaOp``): one signalled work request each, on the ring slot the engine
+gave it, with a registered bounce buffer for the local side. A masked atomic (verbs and rdma_rxe have none) is
+a chain of plain atomics under that one wr_id (``stack.rdma.MaskedAtomic``: a fetch-and-add of 0 to read the
+word, then compare-and-swaps, each posted when the previous completed); only its end is reported
+(:class:`~.events.RdmaCompleted`) and given to :meth:`IbEngine.send_complete`, which lets the op's message go
+out. Counters: ``ib_atomic_masked`` (ops emulated), ``ib_atomic_masked_retry`` (a swap posted again after one
+lost a race with another atomic on the word), ``ib_atomic_masked_gave_up`` (ended RDS_RDMA_OTHER_ERROR after
+``MAX_MASKED_SWAPS`` swaps); ``ib_atomic_fadd`` / ``ib_atomic_cswp`` once per op as the kernel's.
+
 Anything unexpected drops the connection (and counts, in :attr:`IbConnection.counters`): a completion with an
 error status, a receive completion naming a slot that is not posted or longer than a buffer, a send
 completion the engine does not know, a frame the engine rejects
@@ -36,12 +45,14 @@ from __future__ import annotations
 
 import enum
 import logging
+import sys
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from pyrds.userspace.proto import PathState, ProtocolError
-from pyrds.userspace.stack.rdma import ATOMIC_CSWP, ATOMIC_FADD
+from pyrds.userspace.stack.rdma import ATOMIC_CSWP, ATOMIC_FADD, AtomicStep, MaskedAtomic
 from pyrds.userspace.transports.ib.engine import CmAnswer, IbEngine
 from pyrds.userspace.transports.ib.events import IbEvent, RdmaCompleted
 from pyrds.userspace.transports.ib.frag import SendWR, WrKind
@@ -87,6 +98,20 @@ def _opcode_of(op: Any) -> int:
     if op.atomic == ATOMIC_CSWP:
         return WcOpcode.COMP_SWAP
     return WcOpcode.RDMA_WRITE if op.write else WcOpcode.RDMA_READ
+
+
+@dataclass(slots=True)
+class _PostedRdma:
+    """An RDMA or atomic op whose work request is posted: its registered bounce buffer, the completion
+    opcode expected, and for a masked atomic the chain of plain atomics doing it (one WR in flight at a
+    time, all under the op's wr_id)."""
+
+    op: Any
+    bounce: MemoryRegion
+    opcode: int
+    chain: MaskedAtomic | None = None
+
+
 #: CM events that end a connection (rdma_transport.c ``rds_rdma_cm_event_handler_cmn``)
 _DROP_EVENTS = frozenset(
     {
@@ -164,8 +189,8 @@ class IbConnection:
         #: (source, destination) GIDs and the device's max_sge, read when the connection comes UP
         self.gids: tuple[bytes, bytes] = (bytes(16), bytes(16))
         self.device_max_sge = 0
-        #: RDMA work requests posted and not completed: wr_id -> (op, its registered bounce buffer)
-        self._rdma_wrs: dict[int, tuple[Any, MemoryRegion]] = {}
+        #: RDMA work requests posted and not completed, by wr_id
+        self._rdma_wrs: dict[int, _PostedRdma] = {}
 
     def __repr__(self) -> str:
         side = "active" if self.active else "passive"
@@ -360,12 +385,13 @@ class IbConnection:
             self.counters["ib_wc_error"] += 1
             posted = None if wc.is_recv else self._rdma_wrs.pop(wc.wr_id, None)
             if posted is not None and wc.status != WcStatus.WR_FLUSH_ERR:
-                self._count_atomic(posted[0])
+                self._count_atomic(posted.op)
                 # rds_ib_send_complete: a remote access error is REMOTE_ERROR, anything else OTHER_ERROR
+                # (also when it ends a masked atomic's chain, in whichever step)
                 self.counters["ib_rdma_wc_error"] += 1
                 status = 1 if wc.status == WcStatus.REM_ACCESS_ERR else 4
-                posted[1].close()
-                self._report([RdmaCompleted(posted[0], status)])
+                posted.bounce.close()
+                self._report([RdmaCompleted(posted.op, status)])
             self.close(f"{'receive' if wc.is_recv else 'send'} completion {name}")
             return
         if wc.is_recv:
@@ -375,19 +401,30 @@ class IbConnection:
         self.counters["ib_tx_cq_event"] += 1
         if wc.opcode in _RDMA_OPCODES:
             posted = self._rdma_wrs.pop(wc.wr_id, None)
-            if posted is None or wc.opcode != _opcode_of(posted[0]):
+            if posted is None or wc.opcode != posted.opcode:
                 self.counters["ib_bad_completion"] += 1
                 self.close(f"RDMA completion (opcode {wc.opcode}) for wr_id {wc.wr_id}, not posted")
                 return
-            op, bounce = posted
-            self._count_atomic(op)
+            op, bounce = posted.op, posted.bounce
             try:
                 data = b"" if op.write else bounce.read(0, op.nbytes)
+                if posted.chain is not None:
+                    step = posted.chain.advance(int.from_bytes(data[:8], sys.byteorder))
+                    if step is not None:
+                        self._post_step(wc.wr_id, posted, step)
+                        return  # the op's WR slot stays taken: its message waits for the chain's end
+                    status, data = _chain_outcome(posted.chain)
+                    if status:
+                        self.counters["ib_atomic_masked_gave_up"] += 1
+                else:
+                    status = 0
             except VerbsError as exc:
-                self._fail("RDMA read-back", exc)
+                _close_quietly(bounce)
+                self._fail("RDMA read-back" if posted.chain is None else "masked atomic step", exc)
                 return
+            self._count_atomic(op)
             bounce.close()
-            self._report([RdmaCompleted(op, 0, data)])
+            self._report([RdmaCompleted(op, status, data)])
             if self._closed():
                 return
         elif wc.opcode != WcOpcode.SEND:
@@ -470,13 +507,15 @@ class IbConnection:
         assert self.qp is not None
         op = wr.rdma
         bounce = self.qp.reg_mr(op.nbytes, remote=False)
+        posted = _PostedRdma(op, bounce, _opcode_of(op))
         try:
-            if op.atomic:  # rds_ib_xmit_atomic (plain, not masked: stack.rdma._atomic_op)
-                fadd = op.atomic == ATOMIC_FADD
-                self.qp.post_atomic(
-                    wr.wr_id, fadd, bounce, op.rkey, op.remote_addr, op.compare_add, op.swap, op.fence
-                )
-                self.counters["ib_tx_atomic"] += 1
+            if op.atomic and op.masked:  # emulated with plain atomics: stack.rdma.MaskedAtomic
+                posted.chain = MaskedAtomic(op)
+                self.counters["ib_atomic_masked"] += 1
+                self._post_atomic(wr.wr_id, posted, posted.chain.first(), op.fence)
+            elif op.atomic:  # rds_ib_xmit_atomic, as one plain atomic
+                step = AtomicStep(op.atomic == ATOMIC_FADD, op.compare_add, op.swap)
+                self._post_atomic(wr.wr_id, posted, step, op.fence)
             else:
                 if op.write:
                     bounce.write(0, op.data)
@@ -484,8 +523,27 @@ class IbConnection:
         except BaseException:
             bounce.close()
             raise
-        self._rdma_wrs[wr.wr_id] = (op, bounce)
+        self._rdma_wrs[wr.wr_id] = posted
         self.counters["ib_tx_rdma"] += 1
+
+    def _post_atomic(self, wr_id: int, posted: _PostedRdma, step: AtomicStep, fence: bool) -> None:
+        """One plain atomic WR on the op's word (the original value lands in the bounce buffer)."""
+        assert self.qp is not None
+        op = posted.op
+        self.qp.post_atomic(
+            wr_id, step.fetch_add, posted.bounce, op.rkey, op.remote_addr, step.compare_add, step.swap, fence
+        )
+        posted.opcode = WcOpcode.FETCH_ADD if step.fetch_add else WcOpcode.COMP_SWAP
+        self.counters["ib_tx_atomic"] += 1
+
+    def _post_step(self, wr_id: int, posted: _PostedRdma, step: AtomicStep) -> None:
+        """The next compare-and-swap of a masked atomic's chain, under the same wr_id (nothing else of the
+        ring is posted meanwhile: the engine holds the op's message until :meth:`IbEngine.send_complete`)."""
+        assert posted.chain is not None
+        if posted.chain.swaps > 1:
+            self.counters["ib_atomic_masked_retry"] += 1  # the previous swap lost a race on the word
+        self._post_atomic(wr_id, posted, step, False)
+        self._rdma_wrs[wr_id] = posted
 
     def _count_atomic(self, op: Any) -> None:
         """``rds_ib_send_unmap_atomic``: an atomic's completion (success or error) counts its type."""
@@ -507,8 +565,8 @@ class IbConnection:
         self.close_reason = reason
         if self.engine.state != PathState.DOWN:
             self.engine.connection_lost(self.clock())
-        for _op, bounce in self._rdma_wrs.values():  # flushed: no notification (rds_ib_send_complete)
-            _close_quietly(bounce)
+        for posted in self._rdma_wrs.values():  # flushed: no notification (rds_ib_send_complete)
+            _close_quietly(posted.bounce)
         self._rdma_wrs.clear()
         if self._qp_fd >= 0:
             self.loop.remove_reader(self._qp_fd)
@@ -540,6 +598,14 @@ class IbConnection:
     def _report(self, events: list[IbEvent]) -> None:
         if events:
             self.owner.conn_events(self, events)
+
+
+def _chain_outcome(chain: MaskedAtomic) -> tuple[int, bytes]:
+    """(RDMA status, the bytes for the client's local word) of a finished masked atomic: the original value
+    in host byte order, as an HCA writes an atomic's result; nothing when it gave up."""
+    if chain.result is None:
+        return chain.status, b""
+    return chain.status, chain.result.to_bytes(8, sys.byteorder)
 
 
 def _gid(raw: bytes) -> bytes:

@@ -107,6 +107,8 @@ class _Tx:
     next: int = 0
     #: an RDMA op still to post before the first fragment (``cp_xmit_rdma_sent`` not set yet)
     rdma: Any = None
+    #: the wr_id of a masked atomic's work request whose completion the fragments wait for (0: none)
+    wait_wr: int = 0
 
 
 class IbEngine:
@@ -351,11 +353,13 @@ class IbEngine:
             if tx is None:
                 break
             self._tx = tx
-            while tx.next < len(tx.frags) and len(self._ring) < self.send_wr:
+            while tx.next < len(tx.frags) and len(self._ring) < self.send_wr and not tx.wait_wr:
                 if tx.rdma is not None:
                     out.append(self._post_rdma(tx))
                     continue
                 out.append(self._post(tx))
+            if tx.wait_wr:
+                break  # a masked atomic's chain runs: nothing after it goes out before it ends
             if tx.next == len(tx.frags):
                 self._tx = None
         else:
@@ -382,13 +386,18 @@ class IbEngine:
         return SendWR(wr_id, tx.kind, tx.header, frag, signaled, last, tx.seq, index, len(tx.frags))
 
     def _post_rdma(self, tx: _Tx) -> SendWR:
-        """``rds_ib_xmit_rdma``: one signalled RDMA WR on the ring (its completion carries the status)."""
+        """``rds_ib_xmit_rdma``: one signalled RDMA WR on the ring (its completion carries the status). A
+        masked atomic (``op.masked``: the driver emulates it with a chain of plain atomics under this wr_id)
+        holds the message's fragments until :meth:`send_complete` of this wr_id, so the target sees the
+        final word when the message arrives (a plain op relies on RC ordering instead)."""
         op, tx.rdma = tx.rdma, None
         self._unsignaled = self.max_unsignaled_wr
         wr_id = self._next_wr_id
         self._next_wr_id += 1
         self._ring.append(wr_id)
         self.counters["ib_tx_rdma_wr"] += 1
+        if op.atomic and op.masked:
+            tx.wait_wr = wr_id
         return SendWR(wr_id, WrKind.RDMA, b"", b"", True, False, tx.seq, 0, len(tx.frags), rdma=op)
 
     def take_events(self) -> list[IbEvent]:
@@ -455,6 +464,8 @@ class IbEngine:
             raise ValueError(f"wr_id {wr_id} is not on the send ring")
         while self._ring and self._ring[0] <= wr_id:
             self._ring.popleft()
+        if self._tx is not None and self._tx.wait_wr == wr_id:
+            self._tx.wait_wr = 0  # the masked atomic's chain ended: its message may go
 
     # -- receive side ----------------------------------------------------------------------------------------
     def recv_to_post(self) -> int:

@@ -10,6 +10,7 @@ What it models of RC + rdma_cm, and nothing more:
 - send completions only for signalled WRs, after the SEND was delivered, in posting order;
 - RDMA WRITE / READ work requests against the receiving side's ``regions`` (r_key -> bytearray, zero-based
   addresses), in order with the SENDs; an unknown r_key or an access outside the region fails the test.
+  (Atomics are executed by the driver-level fake below, :meth:`FakeQP.post_atomic`.)
 """
 
 from __future__ import annotations
@@ -365,6 +366,9 @@ class FakeQP:
         self.regions: dict[int, FakeRegion] = {}
         self.rdma_posted: list[tuple[int, bool, int, int, int]] = []  # (wr_id, write, len, rkey, raddr)
         self.broken = False
+        #: called with (r_key, the word's address, fetch_add) right before an atomic of this QP executes
+        #: (another requester's atomic on the word between the steps of a chain, a region going away ...)
+        self.before_atomic: Callable[[int, int, bool], None] | None = None
         fabric.qps.append(self)
 
     def fileno(self) -> int:
@@ -487,12 +491,15 @@ class FakeQP:
     ) -> None:
         """Done at once, as :meth:`post_rdma`: the 8-byte little-endian word at ``remote_addr`` (8-byte
         aligned, in a region the peer registered for remote access, else a remote access error) gets the add
-        or the swap; its original value goes to ``local``."""
+        (modulo 2^64) or, if it equals ``compare_add``, the swap; its original value goes to ``local``
+        (what rdma_rxe's responder and completer do). :attr:`before_atomic` runs first."""
         assert not self.closed and local.qp is self and not local.closed and local.length >= 8
         if self.state != "RTS":
             raise VerbsError(f"post_send in {self.state}", 22)
         self.rdma_posted.append((wr_id, "fadd" if fetch_add else "cswp", 8, rkey, remote_addr))
         opcode = WcOpcode.FETCH_ADD if fetch_add else WcOpcode.COMP_SWAP
+        if self.before_atomic is not None:
+            self.before_atomic(rkey, remote_addr, fetch_add)
         target = self.peer.regions.get(rkey) if self.peer is not None else None
         aligned = not remote_addr & 7 and remote_addr + 8 <= (target.length if target is not None else 0)
         if target is None or target.closed or not target.remote or not aligned:

@@ -259,14 +259,15 @@ def test_rdma_cmsg_errnos() -> None:
     assert r.sa.mrs == {}
     assert not any(q.regions for q in r.p.fabric.qps if q.src == A and not q.closed)
     # atomics: short EINVAL, two EINVAL, with an RDMA_ARGS EOPNOTSUPP (the kernel posts both; one op per
-    # message here), masks other than the plain op's EOPNOTSUPP (no masked atomics in verbs or rxe)
+    # message here); a masked one's local word as a plain one's (masked atomics themselves work: below)
     fadd = cmsg.atomic_fadd(cookie, aaddr, 0, 1)
+    mfadd = cmsg.masked_atomic_fadd(cookie, aaddr, 0, 1, 0xFF)
     assert send([(SOL_RDS, fadd[1], fadd[2][:64])]) == errno.EINVAL
-    assert send([fadd, fadd]) == errno.EINVAL
+    assert send([fadd, fadd]) == errno.EINVAL and send([mfadd, fadd]) == errno.EINVAL
     assert send([fadd, two]) == errno.EOPNOTSUPP and send([two, fadd]) == errno.EOPNOTSUPP
-    assert send([cmsg.masked_atomic_fadd(cookie, aaddr, 0, 1, 0xFF)]) == errno.EOPNOTSUPP
-    assert send([cmsg.masked_atomic_cswp(cookie, aaddr, 0, 1, 2, (1 << 64) - 1, 0xFF)]) == errno.EOPNOTSUPP
-    assert send([cmsg.masked_atomic_fadd(cookie, 0x1000, 0, 1, 0xFF)]) == errno.EFAULT  # the word first
+    assert send([mfadd, two]) == errno.EOPNOTSUPP
+    assert send([cmsg.masked_atomic_fadd(cookie, 0x1000, 0, 1, 0xFF)]) == errno.EFAULT
+    assert send([cmsg.masked_atomic_cswp(cookie, aaddr + 4, 0, 1, 2, 3, 0xFF)]) == errno.EFAULT
     assert r.sa.snd_bytes == 0  # nothing was queued by any of these
 
 
@@ -320,6 +321,329 @@ def test_an_atomic_on_an_unaligned_or_unknown_remote_word_is_a_remote_error() ->
     assert r.recv(r.sb)[0] == b"after"
     r.send(r.sb, b"retfa")
     assert r.recv(r.sa)[0] == b"retfa"
+
+
+# -- masked atomics: emulated with plain ones (stack.rdma.MaskedAtomic, the driver's chain) ------------------
+ONES = (1 << 64) - 1
+#: two 32-bit fields: bit 31 ends the low one (its carry does not reach the high one), bit 63 the high one
+TWO_FIELDS = (1 << 31) | (1 << 63)
+
+
+def _word(addr: int) -> int:
+    return int.from_bytes(ctypes.string_at(addr, 8), "little")
+
+
+def _set_word(addr: int, value: int) -> None:
+    ctypes.memmove(addr, value.to_bytes(8, "little"), 8)
+
+
+def _qp_of(r: Rdma) -> Any:
+    """A's live QP (the requester's)."""
+    return next(q for q in r.p.fabric.qps if q.src == A and not q.closed)
+
+
+def _peer_word(qp: Any, rkey: int, addr: int) -> int:
+    return int.from_bytes(qp.peer.regions[rkey].buf[addr : addr + 8], "little")
+
+
+def _bump_peer_word(qp: Any, rkey: int, addr: int, add: int) -> None:
+    """Another requester's plain fetch-and-add on the word (between two steps of A's chain)."""
+    region = qp.peer.regions[rkey]
+    region.buf[addr : addr + 8] = ((_peer_word(qp, rkey, addr) + add) & ONES).to_bytes(8, "little")
+
+
+class _MaskedCase:
+    """A's masked atomic on a word of B's MR (at ``WORD``), watching A's QP: which atomics it posts, and
+    whether the op's message was posted before each of them (it must wait for the chain's end)."""
+
+    WORD = 64
+
+    def __init__(self, start: int) -> None:
+        self.r = Rdma()
+        self.baddr = page_buffer(self.r.keep)
+        self.aaddr = page_buffer(self.r.keep)
+        _set_word(self.baddr + self.WORD, start)
+        _set_word(self.aaddr, 0xA5A5A5A5A5A5A5A5)
+        self.cookie = self.r.map_on_b(self.baddr, 4096)
+        self.qp = _qp_of(self.r)
+        self.qp.rdma_posted.clear()
+        self.message_before_step: list[bool] = []
+        self.meddle: Any = None  # called with the step index (0: the read) before each atomic
+        self.qp.before_atomic = self._before
+
+    def _before(self, rkey: int, addr: int, fetch_add: bool) -> None:
+        self.message_before_step.append(any(b"masked" in sent[2] for sent in self.qp.sent))
+        if self.meddle is not None:
+            self.meddle(len(self.message_before_step) - 1, rkey, addr)
+
+    def send(self, anc: Any) -> None:
+        self.r.send(self.r.sa, b"masked", [anc])
+
+    @property
+    def steps(self) -> list[str]:
+        return [str(w[1]) for w in self.qp.rdma_posted]
+
+    def counters(self) -> Any:
+        return self.r.p.ib_a.stat_counters()
+
+
+def test_masked_fetch_add_two_fields_the_low_one_overflows_alone() -> None:
+    """RDS_CMSG_MASKED_ATOMIC_FADD with nocarry bits 31 and 63: two independent 32-bit fields; the low one
+    wraps without carrying into the high one. Done as a read (fetch-and-add 0) and one compare-and-swap,
+    the message posted only after them; the original value lands in A's word, SUCCESS, and B's client sees
+    the new word when the message arrives."""
+    start = (7 << 32) | 0xFFFFFFF0
+    c = _MaskedCase(start)
+    add = (2 << 32) | 0x20
+    c.send(cmsg.masked_atomic_fadd(c.cookie, c.aaddr, c.WORD, add, TWO_FIELDS, NOTIFY, 30))
+    data, _anc = c.r.recv(c.r.sb)
+    assert data == b"masked"
+    assert _word(c.baddr + c.WORD) == (9 << 32) | 0x10  # low: 0xfffffff0 + 0x20 wraps; high: 7 + 2
+    assert _word(c.aaddr) == start
+    assert c.r.notification() == [cmsg.RdmaNotify(30, RdmaStatus.SUCCESS)]
+    assert c.steps == ["fadd", "cswp"] and c.message_before_step == [False, False]
+    counters = c.counters()
+    assert (counters["ib_atomic_fadd"], counters["ib_atomic_cswp"]) == (1, 0)  # one per op, by its type
+    assert (counters["ib_atomic_masked"], counters["ib_atomic_masked_retry"]) == (1, 0)
+
+
+def test_masked_compare_swap_of_some_bits_and_a_failed_masked_compare() -> None:
+    """RDS_CMSG_MASKED_ATOMIC_CSWP comparing only the low byte and swapping only bits 8-15: the other bits
+    stay; then one whose masked compare fails: done after the read, no write, the original value back."""
+    start = 0x1122334455667788
+    c = _MaskedCase(start)
+    # compare 0x...88 on the low byte only (the rest of compare differs: ignored), swap in 0xAB at bits 8-15
+    c.send(cmsg.masked_atomic_cswp(c.cookie, c.aaddr, c.WORD, 0xFFFF88, 0xABAB, 0xFF, 0xFF00, NOTIFY, 31))
+    assert c.r.recv(c.r.sb)[0] == b"masked"
+    assert _word(c.baddr + c.WORD) == 0x112233445566AB88
+    assert _word(c.aaddr) == start
+    assert c.r.notification() == [cmsg.RdmaNotify(31, RdmaStatus.SUCCESS)]
+    assert c.steps == ["fadd", "cswp"] and c.message_before_step == [False, False]
+    c.qp.rdma_posted.clear()
+    c.message_before_step.clear()
+    _set_word(c.aaddr + 8, 0)
+    # compare bit 0 (the word's is 0, compare's 1): fails; the swap mask would change everything
+    c.send(cmsg.masked_atomic_cswp(c.cookie, c.aaddr + 8, c.WORD, 1, ONES, 1, ONES, NOTIFY, 32))
+    assert c.r.recv(c.r.sb)[0] == b"masked"
+    assert _word(c.baddr + c.WORD) == 0x112233445566AB88
+    assert _word(c.aaddr + 8) == 0x112233445566AB88
+    assert c.r.notification() == [cmsg.RdmaNotify(32, RdmaStatus.SUCCESS)]
+    assert c.steps == ["fadd"]
+    assert c.counters()["ib_atomic_cswp"] == 2 and c.counters()["ib_atomic_masked"] == 2
+
+
+def test_a_masked_atomic_that_loses_a_race_retries_from_the_value_the_swap_saw() -> None:
+    """Another atomic changes the word between A's read and A's swap: the swap fails and returns the new
+    value, and the next swap is computed from it (no new read). The result is the value the successful swap
+    replaced, and the word is the masked sum of it: linearizable against the other atomic."""
+    c = _MaskedCase(0x100000001)
+
+    def meddle(step: int, rkey: int, addr: int) -> None:
+        if step == 1:  # right before A's first swap
+            _bump_peer_word(c.qp, rkey, addr, 0x500000005)
+
+    c.meddle = meddle
+    c.send(cmsg.masked_atomic_fadd(c.cookie, c.aaddr, c.WORD, 0xFFFFFFFF, TWO_FIELDS, NOTIFY, 33))
+    assert c.r.recv(c.r.sb)[0] == b"masked"
+    assert _word(c.aaddr) == 0x600000006  # the value the swap took effect on
+    assert _word(c.baddr + c.WORD) == 0x600000005  # low field 6 + 0xffffffff wraps to 5, no carry
+    assert c.r.notification() == [cmsg.RdmaNotify(33, RdmaStatus.SUCCESS)]
+    assert c.steps == ["fadd", "cswp", "cswp"] and c.message_before_step == [False] * 3
+    assert c.counters()["ib_atomic_masked_retry"] == 1 and c.counters()["ib_atomic_fadd"] == 1
+
+
+def test_a_masked_atomic_gives_up_after_its_swaps_with_other_error() -> None:
+    """The word changes before every swap: after MAX_MASKED_SWAPS failed swaps the op ends with
+    RDS_RDMA_OTHER_ERROR, A's local word untouched; the message still goes, the connection stays up."""
+    c = _MaskedCase(0)
+
+    def meddle(step: int, rkey: int, addr: int) -> None:
+        if step >= 1:
+            _bump_peer_word(c.qp, rkey, addr, 1)
+
+    c.meddle = meddle
+    c.send(cmsg.masked_atomic_cswp(c.cookie, c.aaddr, c.WORD, 0, ONES, 0, 0xF0, NOTIFY, 34))
+    assert c.r.recv(c.r.sb)[0] == b"masked"
+    assert c.r.notification() == [cmsg.RdmaNotify(34, RdmaStatus.OTHER_ERROR)]
+    assert _word(c.aaddr) == 0xA5A5A5A5A5A5A5A5
+    assert c.steps == ["fadd"] + ["cswp"] * rdma.MAX_MASKED_SWAPS
+    assert _word(c.baddr + c.WORD) == rdma.MAX_MASKED_SWAPS  # only the other requester's adds
+    counters = c.counters()
+    assert counters["ib_atomic_masked_retry"] == rdma.MAX_MASKED_SWAPS - 1
+    assert (counters["ib_atomic_masked_gave_up"], counters["ib_atomic_cswp"]) == (1, 1)
+    assert _qp_of(c.r) is c.qp  # no reconnect
+    c.r.send(c.r.sa, b"after")
+    assert c.r.recv(c.r.sb)[0] == b"after"
+
+
+def test_a_remote_error_in_a_later_step_ends_the_masked_op_as_a_plain_ones() -> None:
+    """B's region goes away between A's read and A's swap: the swap completes with a remote access error,
+    the op with RDS_RDMA_REMOTE_ERROR (A's word untouched), and the connection drops and comes back."""
+    c = _MaskedCase(5)
+
+    def meddle(step: int, rkey: int, addr: int) -> None:
+        if step == 1:
+            c.qp.peer.regions[rkey].close()
+
+    c.meddle = meddle
+    c.send(cmsg.masked_atomic_fadd(c.cookie, c.aaddr, c.WORD, 1, TWO_FIELDS, NOTIFY, 35))
+    assert c.r.notification() == [cmsg.RdmaNotify(35, RdmaStatus.REMOTE_ERROR)]
+    assert _word(c.aaddr) == 0xA5A5A5A5A5A5A5A5
+    assert c.steps == ["fadd", "cswp"]
+    assert c.counters()["ib_atomic_fadd"] == 1
+    c.r.send(c.r.sa, b"after")
+    assert c.r.recv(c.r.sb)[0] == b"after"
+
+
+def test_a_failed_post_of_a_later_step_drops_the_connection_and_the_op() -> None:
+    """Posting a masked op's swap fails (a verbs error): the connection drops as for any failed post; after
+    the reconnect the op's message is not sent (never retransmitted with an op) and the op reports
+    RDS_RDMA_DROPPED, as a plain atomic's lost with its connection."""
+    from pyrds.userspace.transports.ib.verbs import VerbsError
+
+    c = _MaskedCase(5)
+
+    def meddle(step: int, rkey: int, addr: int) -> None:
+        if step == 1:
+            raise VerbsError("ibv_post_send (atomic): injected", 12)
+
+    c.meddle = meddle
+    c.send(cmsg.masked_atomic_fadd(c.cookie, c.aaddr, c.WORD, 1, TWO_FIELDS, NOTIFY, 36))
+    assert c.r.p.ib_a.stat_counters()["ib_verbs_error"] == 1
+    assert c.qp.regions == {}  # the bounce buffer was freed
+    c.r.send(c.r.sa, b"after")
+    assert c.r.recv(c.r.sb)[0] == b"after"
+    assert c.r.notification() == [cmsg.RdmaNotify(36, RdmaStatus.DROPPED)]
+    assert _word(c.aaddr) == 0xA5A5A5A5A5A5A5A5
+
+
+def _fadd_reference(old: int, add: int, nocarry: int) -> int:
+    """Masked fetch-and-add one bit at a time: the carry out of bit i is dropped where nocarry has bit i."""
+    out, carry = 0, 0
+    for i in range(64):
+        total = (old >> i & 1) + (add >> i & 1) + carry
+        out |= (total & 1) << i
+        carry = 0 if nocarry >> i & 1 else total >> 1
+    return out
+
+
+def test_masked_fadd_bit_by_bit() -> None:
+    """Every 4-bit word, addend and mask, at the bottom of the word and at its top (where a carry out of
+    bit 63 wraps away), and random 64-bit cases, against the bit-at-a-time reference."""
+    import random
+
+    for shift in (0, 30, 60):
+        for old in range(16):
+            for add in range(16):
+                for mask in range(16):
+                    o, a, m = old << shift, add << shift, mask << shift
+                    assert rdma.masked_fadd(o, a, m) == _fadd_reference(o, a, m), (hex(o), hex(a), hex(m))
+    rng = random.Random(9)
+    for _ in range(3000):
+        o, a, m = rng.getrandbits(64), rng.getrandbits(64), rng.getrandbits(64) & rng.getrandbits(64)
+        assert rdma.masked_fadd(o, a, m) == _fadd_reference(o, a, m)
+
+
+def test_masked_fadd_fields() -> None:
+    f = rdma.masked_fadd
+    assert f(41, 1, 0) == 42 and f(ONES, 1, 0) == 0 and f(ONES, ONES, 0) == ONES - 1  # plain, wrapping
+    assert f(0xFFFFFFFF, 1, TWO_FIELDS) == 0  # the low field wraps, the high one keeps 0
+    assert f(0xFFFFFFFF, 1, 1 << 63) == 1 << 32  # one field: the carry crosses bit 31
+    assert f(ONES, 1 << 32, TWO_FIELDS) == 0xFFFFFFFF  # the high field wraps at bit 63
+    assert f(0x80, 0x80, 1 << 7) == 0  # a one-field carry out of its top bit is lost
+    assert f(0x80, 0x80, 1 << 8) == 0x100  # ... but not when the field is wider
+    assert f(0xFF, 0x01, 0xFF) == 0xFE  # eight 1-bit fields: each bit is xor, no carries at all
+    assert f(0x0F0F, 0x0101, 0x8888) == 0x0000  # 4-bit fields: 0xf+1 wraps twice, 0+0 stays
+    assert f(1 << 64 | 3, 1, 0) == 4  # inputs are taken modulo 2^64
+
+
+def test_masked_cswp_bits() -> None:
+    g = rdma.masked_cswp
+    assert g(5, 5, 9, ONES, ONES) == 9 and g(5, 6, 9, ONES, ONES) == 5  # plain
+    assert g(0xAB, 0x0B, 0xFF00, 0x0F, 0xFF00) == 0xFFAB  # only the low nibble compared, bits 8-15 swapped
+    assert g(0xAB, 0x0C, 0xFF00, 0x0F, 0xFF00) == 0xAB  # the low nibble differs: unchanged
+    assert g(0xAB, 0, 0, 0, 0xF0) == 0x0B  # no compare bits: always swaps
+    assert g(0xAB, 0xAB, 0x1234, ONES, 0) == 0xAB  # no swap bits: never changes
+    assert g(ONES, ONES, 0, 1 << 63, 1 << 63) == ONES >> 1  # bit 63
+    for old in range(16):  # every 4-bit case against the definition
+        for cmp_mask in range(16):
+            for swap_mask in range(16):
+                hit = (old ^ 0b1010) & cmp_mask == 0
+                expect = (old & ~swap_mask | 0b0110 & swap_mask) if hit else old
+                assert g(old, 0b1010, 0b0110, cmp_mask, swap_mask) == expect
+
+
+def _atomic(kind: int, a: int, b: int = 0, mask: int = 0, mask2: int = ONES) -> rdma.RdmaOp:
+    op = rdma.RdmaOp(False, 1, 0, 8, [(0, 8)], atomic=kind, compare_add=a, swap=b)
+    if kind == rdma.ATOMIC_FADD:
+        op.nocarry_mask = mask
+    else:
+        op.compare_mask, op.swap_mask = mask, mask2
+    return op
+
+
+def test_masked_atomic_chain_steps() -> None:
+    """The sans-IO chain: read, swap, done; each way to end."""
+    assert not _atomic(rdma.ATOMIC_FADD, 1).masked and _atomic(rdma.ATOMIC_FADD, 1, 0, 1).masked
+    assert not _atomic(rdma.ATOMIC_CSWP, 1, 2, ONES, ONES).masked
+    assert _atomic(rdma.ATOMIC_CSWP, 1, 2, ONES, 1).masked and _atomic(rdma.ATOMIC_CSWP, 1, 2, 1, ONES).masked
+    assert not rdma.RdmaOp(True, 1, 0, 8, [(0, 8)]).masked
+    # FADD of two fields: read 0xffffffff, swap it for 0, the swap saw the expected value: done
+    chain = rdma.MaskedAtomic(_atomic(rdma.ATOMIC_FADD, 1, 0, TWO_FIELDS))
+    assert chain.first() == rdma.READ_STEP == rdma.AtomicStep(True, 0)
+    assert chain.advance(0xFFFFFFFF) == rdma.AtomicStep(False, 0xFFFFFFFF, 0)
+    assert chain.advance(0xFFFFFFFF) is None
+    assert (chain.result, chain.status, chain.swaps, chain.retries, chain.done) == (0xFFFFFFFF, 0, 1, 0, True)
+    with pytest.raises(ValueError):
+        chain.advance(0)
+    # the swap saw another value: the next swap starts from it; then the compare fails on a third value
+    chain = rdma.MaskedAtomic(_atomic(rdma.ATOMIC_CSWP, 0, 0xF0, 0x1, 0xF0))
+    assert chain.advance(2) == rdma.AtomicStep(False, 2, 0xF2)
+    assert chain.advance(4) == rdma.AtomicStep(False, 4, 0xF4)
+    assert chain.advance(5) is None  # bit 0 set: the compare fails at the failed swap's read of 5
+    assert (chain.result, chain.status, chain.retries) == (5, 0, 1)
+    # nothing to change (adding 0 in every field): done after the read
+    chain = rdma.MaskedAtomic(_atomic(rdma.ATOMIC_FADD, 0, 0, TWO_FIELDS))
+    assert chain.advance(123) is None and chain.result == 123 and chain.swaps == 0
+    # a bounded number of swaps, then OTHER_ERROR and no result
+    chain = rdma.MaskedAtomic(_atomic(rdma.ATOMIC_FADD, 1, 0, 1 << 63), max_swaps=3)
+    steps = [chain.advance(v) for v in (10, 20, 30, 40)]
+    assert steps == [rdma.AtomicStep(False, v, v + 1) for v in (10, 20, 30)] + [None]
+    assert (chain.result, chain.status, chain.swaps, chain.done) == (None, RdmaStatus.OTHER_ERROR, 3, True)
+    with pytest.raises(ValueError):
+        rdma.MaskedAtomic(rdma.RdmaOp(True, 1, 0, 8, [(0, 8)]))
+    with pytest.raises(ValueError):
+        rdma.MaskedAtomic(_atomic(rdma.ATOMIC_FADD, 1, 0, 1), max_swaps=0)
+
+
+def test_the_engine_holds_a_masked_atomics_message_until_its_chain_ends() -> None:
+    """A plain atomic's WR and its message's SEND go out together (RC orders them); a masked one's message
+    waits for send_complete of the op's WR (the driver calls it when the chain ended), and so does
+    everything queued after it; an ACK frame still goes."""
+    from pyrds.userspace.transports.ib.frag import WrKind
+
+    link = _link()
+    engine = link.a.engine
+    plain = _atomic(rdma.ATOMIC_FADD, 1)
+    engine.queue(1, 2, b"plain", rdma=plain)
+    wrs = engine.poll_send()
+    assert [w.kind for w in wrs] == [WrKind.RDMA, WrKind.DATA]
+    for w in wrs:
+        if w.signaled:
+            engine.send_complete(w.wr_id)
+    masked = _atomic(rdma.ATOMIC_FADD, 1, 0, TWO_FIELDS)
+    engine.queue(1, 2, b"masked", rdma=masked)
+    engine.queue(1, 2, b"next")
+    wrs = engine.poll_send()
+    assert [w.kind for w in wrs] == [WrKind.RDMA] and wrs[0].rdma is masked
+    assert engine.poll_send() == []
+    # B's first message asks for an ACK (ACK_REQUIRED): A's ACK frame is not held
+    link.b.engine.queue(2, 1, b"hi")
+    link.post(link.b)
+    assert link.deliver_one(link.a) is not None
+    assert [w.kind for w in engine.poll_send()] == [WrKind.ACK]
+    engine.send_complete(wrs[0].wr_id)
+    assert [w.data[48:] for w in engine.poll_send()] == [b"masked", b"next"]
 
 
 def test_map_before_the_connection_is_up_is_eagain_and_dials() -> None:
