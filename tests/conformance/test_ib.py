@@ -18,8 +18,8 @@ import pytest
 
 from pyrds import info
 from pyrds.constants import SOL_RDS, InfoConnectionFlag, InfoType, SockOpt, Transport
-from pyrds.testing.helpers import send_until_enobufs, send_when_uncongested
-from pyrds.testing.ib import v4_mapped
+from pyrds.testing.helpers import send_until_enobufs, send_when_uncongested, sockaddr_in
+from pyrds.testing.ib import errno_name, v4_mapped
 
 pytestmark = pytest.mark.rds_ib
 
@@ -223,3 +223,73 @@ def test_ib_congestion(rds_ib_pair, rds_observe):
     send_when_uncongested(a, b"again", b.getsockname(), CONG_TIMEOUT, pause=0.1)
     assert b.recv(64) == b"again"
     rds_observe("recovered", True)
+
+
+#: the cancel scenario: node A's SO_SNDBUF (rds_sk_sndbuf is this much), the size of the messages that fill
+#: it, how many it tries at most, the two destination ports, and the host number of an address of node A's /24
+#: that nobody has (rdma_cm never reaches it: the messages stay in the connection's send queue)
+CANCEL_SNDBUF, CANCEL_MSG, CANCEL_LIMIT = 16384, 4096, 64
+CANCEL_PORT, OTHER_PORT, NOBODY = 4000, 4001, 200
+
+
+def _nobody(node: Any) -> str:
+    """An address next to ``node``'s own in its /24 that no node has."""
+    return str(ipaddress.IPv4Network(f"{node.addr}/24", strict=False).network_address + NOBODY)
+
+
+def _queued_to(sock: Any, faddr: str) -> list[int]:
+    """The destination ports of the RDS_INFO_SEND_MESSAGES rows toward ``faddr``, in table order."""
+    return [r.fport for r in sock.get_info(InfoType.RDS_INFO_SEND_MESSAGES) if str(r.faddr) == faddr]
+
+
+def _fill(a: Any, dest: tuple[str, int]) -> tuple[int, str]:
+    """Non-blocking sends of CANCEL_MSG bytes to ``dest`` until one is refused: (sent, refusal errno)."""
+    data = bytes(CANCEL_MSG)
+    for sent in range(CANCEL_LIMIT):
+        try:
+            a.sendto(data, socket.MSG_DONTWAIT, dest)
+        except OSError as exc:
+            return sent, errno_name(exc)
+    return CANCEL_LIMIT, "none"
+
+
+def test_ib_cancel_sent_to(rds_ib_pair, rds_observe):
+    """RDS_CANCEL_SENT_TO (``rds_send_drop_to``) over RDS/IB. Node A's socket (SO_SNDBUF CANCEL_SNDBUF) sends
+    a small message to an address nobody has on port OTHER_PORT, then CANCEL_MSG-byte messages to the same
+    address on CANCEL_PORT until its send buffer refuses one (the connection is never made: they all stay in
+    its send queue, which RDS_INFO_SEND_MESSAGES lists). Cancelling CANCEL_PORT takes those rows out of the
+    table and frees their bytes (the refused send now goes through), and leaves the OTHER_PORT message queued;
+    cancelling that too empties the table. Then, to node B (reachable): a message delivered before the cancel
+    stays delivered and the next one arrives after it. Observed: how many fit, the refusal's errno, the ports
+    listed before and after each cancel, whether the send after the cancel went through, what B received."""
+    a, b = _pair(rds_ib_pair)
+    nobody = _nobody(rds_ib_pair.a)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CANCEL_SNDBUF)
+    a.sendto(b"other", socket.MSG_DONTWAIT, (nobody, OTHER_PORT))
+    sent, refusal = _fill(a, (nobody, CANCEL_PORT))
+    rds_observe("filled", (sent, refusal))
+    assert sent >= 1 and refusal != "none", (sent, refusal)
+    # what the table lists before is only recorded: 7.3.4's listed none of these messages (kernel-kernel and
+    # kernel-userspace, 2026-11-27), the userspace stack lists all of them
+    before = _queued_to(a, nobody)
+    rds_observe("listed_before", before)
+    a.setsockopt(SOL_RDS, SockOpt.RDS_CANCEL_SENT_TO, sockaddr_in(nobody, CANCEL_PORT))
+    after = _queued_to(a, nobody)
+    rds_observe("listed_after_cancel", after)
+    assert CANCEL_PORT not in after and after == [p for p in before if p == OTHER_PORT], (before, after)
+    again = a.sendto(bytes(CANCEL_MSG), socket.MSG_DONTWAIT, (nobody, CANCEL_PORT))
+    rds_observe("send_after_cancel", again)
+    assert again == CANCEL_MSG
+    a.setsockopt(SOL_RDS, SockOpt.RDS_CANCEL_SENT_TO, sockaddr_in(nobody, CANCEL_PORT))
+    a.setsockopt(SOL_RDS, SockOpt.RDS_CANCEL_SENT_TO, sockaddr_in(nobody, OTHER_PORT))
+    left = _queued_to(a, nobody)
+    rds_observe("listed_at_end", left)
+    assert left == []
+    host, port = _host(b.getsockname())
+    a.sendto(b"delivered", (host, port))
+    first = b.recv(64)
+    a.setsockopt(SOL_RDS, SockOpt.RDS_CANCEL_SENT_TO, sockaddr_in(host, port))
+    a.sendto(b"after", (host, port))
+    got = [first, b.recv(64)]
+    rds_observe("received", got)
+    assert got == [b"delivered", b"after"], got

@@ -391,6 +391,20 @@ class PathEngine:
             done.append(self._release(self._send_queue.popleft()))
         return done
 
+    def cancel(self, seq: int) -> AckedMessage | None:
+        """``rds_send_drop_to`` for one message: take the message with sequence ``seq`` off this path, from
+        the retransmit queue (written, never retransmitted after a reconnect) or the send queue (never sent),
+        and release its bytes and pong; returns what was released, None when the path holds no such message
+        (acked or flushed already). Bytes already handed to the transport still go out (the kernel's xmit
+        holds its own reference to the message). The sequence number is not reused: the peer sees a gap,
+        which ``rds_recv_incoming`` accepts."""
+        for queue in (self._written, self._send_queue):
+            for i, msg in enumerate(queue):
+                if msg.header.sequence == seq:
+                    del queue[i]
+                    return self._release(msg)
+        return None
+
     # -- connection life cycle ----------------------------------------------------------------------------
     def connecting(self, now: float) -> None:
         self._set_state(PathState.CONNECTING, now)

@@ -515,6 +515,10 @@ class Stack:
         return rs is not None and rs.snd_bytes * 2 >= rs.rds_sndbuf
 
     def cancel_sent_to(self, rs: SockState, daddr: IPAddress, dport: int) -> None:
+        """``rds_send_drop_to``: every unacked message of ``rs`` to ``daddr``:``dport`` leaves the socket (its
+        send-buffer bytes are free) and its connection (:meth:`_cancel`); an RDMA or atomic op that asked for
+        NOTIFY_ME and was not notified yet gets RDS_RDMA_CANCELED (``__rds_send_complete``), once: a later
+        completion of the op notifies nothing (:meth:`rdma_complete`)."""
         daddr = normalize(daddr)
         for key, msg in list(rs.sent.items()):
             if msg.daddr == daddr and msg.dport == dport:
@@ -522,6 +526,10 @@ class Stack:
                 self._release(rs, len(msg.payload))
                 self.counters["send_canceled"] += 1
                 self._cancel(msg)
+                op = msg.rdma
+                if op is not None and op.notify and not op.done:
+                    op.done = True
+                    rs.rdma_notify.append((op.token, int(RdmaStatus.CANCELED)))
         rs.update_readiness()
 
     def _cancel(self, msg: Outgoing) -> None:

@@ -483,3 +483,41 @@ def test_max_pongs_caps_unacked_pongs_and_frees_them_on_ack() -> None:
     more = e.feed(RDSHeader(6, 0, 0, 4000, 0, 0, 0, 0, ()).encode(), 0.0)
     assert [ev.pong_queued for ev in more if isinstance(ev, PingReceived)] == [True]
     assert e.queued_pongs == 1
+
+
+def test_cancel_takes_queued_and_written_messages_off_the_path() -> None:
+    """``rds_send_drop_to``: a cancelled message never sent is not sent; one written and unacked is not
+    retransmitted after a reconnect; its bytes and pong are released; the peer sees a sequence gap."""
+    a, b, clock = pair()
+    s1 = a.queue(1, 2, b"one")
+    a.buffers_to_send()  # s1 written, not acked (TCP acks nothing below)
+    s2 = a.queue(1, 2, b"two")
+    s3 = a.queue(0, 9, b"")  # a pong
+    s4 = a.queue(1, 2, b"four")
+    assert a.queued_bytes == 10 and a.queued_pongs == 1
+    written = a.cancel(s1)
+    assert written is not None and (written.seq, written.length) == (s1, 3)
+    assert a.queued_bytes == 7
+    released = a.cancel(s3)
+    assert released is not None and (released.seq, released.sport, released.dport) == (s3, 0, 9)
+    assert a.queued_pongs == 0
+    assert a.cancel(s3) is None and a.cancel(999) is None
+    assert [r.seq for r in a.unacked] == [] and [r.seq for r in a.unsent] == [s2, s4]
+    a.connection_lost(clock.tick())
+    b.connection_lost(clock.tick())
+    a.connection_made(clock.tick())
+    b.connection_made(clock.tick())
+    events = pump(a, b, clock)
+    got = [(e.header.sequence, e.payload) for e in events if isinstance(e, MessageReceived)]
+    assert got == [(s2, b"two"), (s4, b"four")]
+    assert b.next_rx_seq == s4 + 1 and a.queued_msgs == 0 and a.queued_bytes == 0
+
+
+def test_cancel_of_a_written_message_keeps_byte_acks_right() -> None:
+    """The acked offsets of the messages around a cancelled one still release them."""
+    a, _b, _clock = pair()
+    seqs = [a.queue(1, 2, bytes([i]) * 10) for i in range(3)]
+    a.buffers_to_send()
+    assert a.cancel(seqs[1]) is not None
+    assert [m.seq for m in a.acked_through(a.tx_bytes)] == [seqs[0], seqs[2]]
+    assert a.queued_bytes == 0

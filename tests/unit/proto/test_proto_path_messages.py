@@ -76,3 +76,22 @@ def test_receive_applies_the_shared_rules() -> None:
     assert eng.unsent[-1].dport == 9  # the pong is queued
     cmap = eng.receive(cong_map_header(), bytes(RDS_CONG_MAP_BYTES), 1.0)
     assert [type(e) for e in cmap] == [CongMapReceived] and eng.next_rx_seq == 8
+
+
+def test_cancel_message_at_a_time() -> None:
+    """RDS/IB's use: a message picked by next_message (on the retransmit queue) and cancelled is not
+    requeued by a reconnect; one still queued is never returned; an ack beyond both releases the rest."""
+    eng = up()
+    eng.take_cong_map()
+    s1 = eng.queue(1, 2, b"a")
+    s2 = eng.queue(1, 2, b"bb")
+    s3 = eng.queue(1, 2, b"ccc")
+    eng.next_message()
+    assert eng.cancel(s1) is not None and eng.cancel(s2) is not None
+    assert eng.queued_bytes == 3 and eng.unacked == [] and [r.seq for r in eng.unsent] == [s3]
+    eng.connection_lost(2.0)
+    eng.connection_made(3.0)
+    got = eng.next_message()
+    assert got is not None and got[0].sequence == s3 and not got[0].flags & HeaderFlag.RETRANSMITTED
+    assert eng.next_message() is None
+    assert [m.seq for m in eng.acked_seq(s3)] == [s3] and eng.queued_bytes == 0

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pyrds.userspace.config import SYSCTL_DEFAULTS
-from pyrds.userspace.proto import CongestionMap, PathEngine
+from pyrds.userspace.proto import CongestionMap, MessageReceived, PathEngine
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing
 from pyrds.userspace.transports.tcp.path import ACK_POLL, ACK_POLL_IDLE, R, TcpPath
 from pyrds.userspace.transports.tcp.sockopt import unread_bytes
@@ -289,3 +289,28 @@ def test_a_read_with_more_than_an_mss_waiting_behind_it_is_acked_and_pushable() 
     finally:
         ours.close()
         peer.close()
+
+
+def test_cancel_takes_a_message_out_of_the_engine_not_only_the_staging_queue() -> None:
+    """``rds_send_drop_to``: a message the engine holds and TCP never got is not written; one written and
+    unacked is not written again after a reconnect; the others go out as before."""
+    conn = FakeConn()
+    path = conn.paths[0]
+    path.engine.connection_made(time.monotonic())  # up, no socket: queue() hands messages to the engine
+    msgs = [Outgoing(1, LADDR, FADDR, 4000, 5000, bytes([65 + i]) * 8) for i in range(4)]
+    path.queue(msgs[0], kick=False)
+    path.engine.buffers_to_send()  # msgs[0] written (TCP took it), not acked
+    for m in msgs[1:]:
+        path.queue(m, kick=False)
+    assert not path.staged and path.engine.queued_msgs == 4
+    path.cancel(msgs[0])
+    path.cancel(msgs[2])
+    assert path.engine.queued_msgs == 2 and path.engine.queued_bytes == 16
+    assert [r.seq for r in path.engine.unsent] == [msgs[1].seq, msgs[3].seq] and path.engine.unacked == []
+    path.engine.connection_lost(time.monotonic())
+    path.engine.connection_made(time.monotonic())
+    peer = PathEngine(FADDR, LADDR)
+    peer.connection_made(time.monotonic())
+    events = peer.feed(path.engine.bytes_to_send(), time.monotonic())
+    got = [e.payload for e in events if isinstance(e, MessageReceived)]
+    assert got == [b"B" * 8, b"D" * 8]

@@ -51,6 +51,7 @@ from typing import Any
 
 from pyrds.constants import RDS_HEADER_SIZE, RDS_MAX_MSG_SIZE, HeaderFlag
 from pyrds.userspace.proto import (
+    AckedMessage,
     CongestionMap,
     ExtHeader,
     PathEngine,
@@ -323,6 +324,16 @@ class IbEngine:
         if rdma is not None:
             self._rdma[seq] = rdma
         return seq
+
+    def cancel(self, seq: int) -> AckedMessage | None:
+        """``rds_send_drop_to`` for the message ``seq``: off the send queue (never posted) or the
+        retransmit queue (never retransmitted), its RDMA op forgotten so it is not posted. Fragments of it
+        posted already (the message being posted now, ``cp_xmit_rm``) still go out, as the kernel's xmit
+        keeps its own reference. Returns what the path released, None when it holds no such message."""
+        released = self.path.cancel(seq)
+        if released is not None:
+            self._rdma.pop(seq, None)
+        return released
 
     def _forget_rdma(self, acked: list[Any]) -> None:
         if self._rdma:

@@ -13,8 +13,11 @@ congestion map replaces ours.
 Not done (yet): IPv6 link-local addresses (the kernel binds them with the socket's scope id; here the address
 check refuses them, so such a bind gets the errno of an address without an RDMA device); holding a
 connection while a receiving socket is over its cap (the message is queued all the same and counted in
-``ib_recv_over_cap``); a message cancelled before it reached the wire is still sent (only its accounting
-stops, as for a TCP message already in the engine); one connection per peer, TOS 0.
+``ib_recv_over_cap``); one connection per peer, TOS 0.
+
+RDS_CANCEL_SENT_TO (and close) take a socket's unacked messages off their connection as
+``rds_send_drop_to`` does (:meth:`IbTransport.cancel`): one still queued is never sent, one sent and unacked
+is not retransmitted after a reconnect, and its RDMA op is not posted; fragments already posted complete.
 """
 
 from __future__ import annotations
@@ -288,12 +291,20 @@ class IbTransport:
                 node.connect(faddr)  # posts on the connection, or dials
 
     def cancel(self, msg: Outgoing) -> None:
+        """``rds_send_drop_to`` (RDS_CANCEL_SENT_TO, close): ``msg`` leaves its connection's send queue (never
+        sent) or retransmit queue (never sent again), its RDMA op is not posted (:meth:`IbEngine.cancel`);
+        fragments posted already still complete."""
         key = _pair(msg.saddr, msg.daddr)
         if key is None:
             return
         pending = self.pending.get(key)
-        if pending is not None and pending.get(msg.seq) is msg:
-            del pending[msg.seq]
+        if pending is None or pending.get(msg.seq) is not msg:
+            return
+        del pending[msg.seq]
+        node = self.nodes.get(key[0])
+        engine = node.engines.get(key[1]) if node is not None else None
+        if engine is not None:
+            engine.cancel(msg.seq)
 
     def cong_map_changed(self, laddr: IPAddress) -> None:
         """rds_cong_queue_updates: the map goes to every peer connected from ``laddr``; a connection made

@@ -176,13 +176,16 @@ class TcpPath:
             self.pending[msg.seq] = msg
 
     def cancel(self, msg: Outgoing) -> None:
-        """Forget ``msg``: dropped if still staged; once in the engine it is sent but no longer accounted."""
+        """``rds_send_drop_to`` for ``msg``: dropped if still staged; in the engine, it leaves the send queue
+        (never written) or the retransmit queue (not written again after a reconnect:
+        :meth:`PathEngine.cancel`). Bytes handed to TCP or waiting in :attr:`outbuf` still go out."""
         for i, staged in enumerate(self.staged):
             if staged is msg:
                 del self.staged[i]
                 return
         if self.pending.get(msg.seq) is msg:
             del self.pending[msg.seq]
+            self.engine.cancel(msg.seq)
 
     def kick(self) -> None:
         """Write what is queued, or get a connection."""

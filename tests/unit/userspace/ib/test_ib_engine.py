@@ -373,3 +373,53 @@ def test_exactly_once_in_order_across_random_reconnects(kernel_like_peer: bool) 
     assert [m.payload for m in delivered(lk.a.events)] == sent["b"]
     dups = sum(isinstance(e, DuplicateDropped) for e in lk.a.events + lk.b.events)
     assert (dups > 0) == kernel_like_peer
+
+
+def test_cancel_partly_posted_message_completes_queued_ones_and_their_rdma_never_go_out() -> None:
+    """``rds_send_drop_to`` over RDS/IB: the message being posted (``cp_xmit_rm``) still goes out whole; a
+    cancelled message still queued is never posted, nor is its RDMA op (an object the fake link could not
+    carry out); the next message arrives after the sequence gap."""
+    lk = link(send_wr=4)
+    lk.connect()
+    lk.pump()
+    eng = lk.a.engine
+    s1 = eng.queue(1, 2, payload(5 * RDS_FRAG_SIZE))
+    s2 = eng.queue(1, 2, b"two", rdma=object())
+    s3 = eng.queue(1, 2, b"three")
+    assert lk.post(lk.a) == 4 and eng.ring_used == 4  # four of s1's five fragments posted
+    assert eng.cancel(s1) is not None and eng.cancel(s2) is not None
+    assert eng.cancel(s2) is None
+    lk.pump()
+    assert [(m.header.sequence, len(m.payload)) for m in delivered(lk.b.events)] == [
+        (s1, 5 * RDS_FRAG_SIZE),
+        (s3, 5),
+    ]
+    assert all(f.kind is not WrKind.RDMA for f in lk.b.frames)
+    assert [r.seq for r in eng.path.unacked] == [s3] or acked_seqs(lk.a.events) == [s3]
+    assert eng.path.unsent == []
+
+
+def test_cancelled_message_is_not_retransmitted_after_a_reconnect() -> None:
+    lk = link()
+    lk.connect()
+    lk.pump()
+    seqs = [lk.a.engine.queue(1, 2, payload(100, i)) for i in range(3)]
+    lk.post(lk.a)
+    while lk.b.wire_in:
+        lk.deliver_one(lk.b)  # b has all three; its ACK never leaves b
+    assert lk.a.engine.cancel(seqs[1]) is not None
+    lk.disconnect()
+    real_on_request = lk.b.engine.on_request
+
+    def kernel_like(data: bytes | bytearray | memoryview, now: float):  # type: ignore[no-untyped-def]
+        answer = real_on_request(data, now)
+        rep = bytearray(answer.private_data)
+        rep[16:24] = bytes(8)  # ack_seq 0 (6.1/6.12): everything unacked is sent again
+        return type(answer)(answer.accept, bytes(rep), answer.reason)
+
+    lk.b.engine.on_request = kernel_like  # type: ignore[method-assign]
+    lk.b.frames.clear()
+    lk.connect()
+    lk.pump()
+    assert [f.seq for f in data_frames(lk.b.frames) if f.frag == 0] == [seqs[0], seqs[2]]
+    assert lk.a.engine.path.queued_msgs == 0
