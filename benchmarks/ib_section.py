@@ -138,6 +138,9 @@ def measure(
                         out["pairs"][pairing]["error"] = broken[pairing]
                         _log(f"{pairing}: not built: {broken[pairing]}")
                         continue
+                    # a peer guest's pairing runs on the link's addresses, not the fabric's
+                    a_addr, b_addr = pair.a.addr, pair.b.addr
+                    out["pairs"][pairing].update(a=a_addr, b=b_addr)
                     topo[pairing] = (_node(pair.a), _node(pair.b))
                     _log(f"{pairing}: {a_addr} -> {b_addr} up ({time.monotonic() - t0:.0f} s)")
                 rows += measure_cells(

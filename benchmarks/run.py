@@ -21,7 +21,9 @@ many-sockets and queued-memory cells are benchmarks/agent.py processes driven by
 The IB section (``--ib-sizes``, default the stress sizes) runs last: kernel<->kernel (stdlib, pyrds.kernel),
 userspace<->userspace and userspace->kernel between two addresses of one rxe device (pyrds.testing.ib's
 fabric and pairings), every socket pinned with ``pyrds stress --transport ib``; userspace<->userspace first,
-with rds_rdma unloaded, before the kernel had any RDS/IB connection (ib_section.py says why).
+with rds_rdma unloaded, before the kernel had any RDS/IB connection (ib_section.py says why); and
+kernel->userspace across two guests: with the ib section the host boots a second, 1-vCPU guest (``vm run
+--peer-ib``; ``--no-ib-peer`` leaves it and that row out).
 """
 
 from __future__ import annotations

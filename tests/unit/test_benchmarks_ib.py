@@ -426,3 +426,25 @@ def test_a_peer_guests_passive_side_is_its_agents_job(bench: dict[str, ModuleTyp
     assert {e[1] for e in agent.log if e[0] == "job"} <= peeragent.JOBS
     with pytest.raises(RuntimeError):
         cells.start_passive(node, "kernel", 4342, "ib", 900.0)  # the peer guest has no kernel node
+
+
+def test_a_peer_pairing_is_recorded_with_its_nodes_addresses(
+    bench: dict[str, ModuleType], world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kernel->userspace runs on the two guests' link addresses, not the fabric's: the report's pairs say
+    where the rows ran."""
+    ibs = bench["ib_section"]
+    w = world()
+
+    class Pair:
+        a, b = FakeNode("10.99.0.1", {}), FakeNode("10.99.0.2", {})
+
+        def destroy(self) -> None:
+            pass
+
+    monkeypatch.setattr(ib.IbPair, "create", classmethod(lambda _cls, pair, fabric: Pair()))
+    monkeypatch.setattr(ibs, "measure_cells", lambda *a, **kw: [])
+    k2u = [sc for sc in ibs.IB_SCENARIOS if sc[0] in ibs.PEER_SCENARIOS]
+    got = ibs.measure(k2u, ["rr"], [1024], 3.0)
+    assert got["pairs"]["kernel-userspace"] == {"a": "10.99.0.1", "b": "10.99.0.2", "error": None}
+    assert w.log == []
