@@ -99,6 +99,47 @@ class Passive:
         self.out.close()
 
 
+class PeerPassive:
+    """The passive side on a node in another guest (:attr:`Node.agent`): a userspace socket of that guest's
+    peer agent, pinned and bound as ``pyrds stress --passive`` does, served by the agent job
+    :func:`pyrds.testing.workloads.stress_passive` (the same serving loop) until :meth:`stop`."""
+
+    def __init__(self, node: Node, backend: str, port: int, transport: str | None, seconds: float) -> None:
+        from pyrds.constants import SOL_RDS, SockOpt
+        from pyrds.constants import Transport as TransportType
+
+        if backend != "userspace":
+            raise RuntimeError(f"a peer guest's node runs the userspace stack, not {backend!r}")
+        self.agent = node.agent
+        self.sock = self.agent.socket(backend)
+        if transport:
+            self.sock.setsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT, int(TransportType[transport.upper()]))
+        self.sock.bind((node.addr, port))
+        self.job = self.agent.job("pyrds.testing.workloads:stress_passive", [self.sock], seconds=seconds)
+        self.done = False
+
+    def alive(self) -> bool:
+        return not self.done and self.agent.broken is None
+
+    def stop(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            self.agent.wait(self.agent.job("pyrds.testing.workloads:stress_passive_stop", [self.sock]), 30.0)
+            self.agent.wait(self.job, 60.0)
+        finally:
+            self.sock.close()
+
+
+def start_passive(node: Node, backend: str, port: int, transport: str | None, seconds: float) -> Any:
+    """The passive side of a scenario on ``node``: a ``pyrds stress --passive`` process there, or, for a
+    node in another guest, :class:`PeerPassive` (serving for at most ``seconds``)."""
+    if node.agent is not None:
+        return PeerPassive(node, backend, port, transport, seconds)
+    return Passive(node, backend, port, transport)
+
+
 def transport_args(transport: str | None) -> list[str]:
     """``pyrds stress`` arguments that pin every socket to ``transport`` (none: unpinned)."""
     return ["--transport", transport] if transport else []
@@ -192,15 +233,17 @@ def measure_cells(
     # every scenario's passive server runs for the whole measurement, and the cells alternate between the
     # scenarios (for each mode and size: every scenario once), so that a load change on a shared host hits
     # all rows alike instead of one scenario's block of cells
-    servers: dict[str, tuple[Passive | None, str | None, int]] = {}
+    servers: dict[str, tuple[Any, str | None, int]] = {}
+    #: how long a peer guest's passive side may serve: every cell of this call, with room to spare
+    serving = min(7200.0, 120.0 + len(modes) * len(sizes) * len(selected) * (duration + 120.0))
     try:
         for port, (label, _ba, bp, key) in enumerate(selected, start=port_base):
             if key in broken:
                 servers[label] = (None, broken[key], port)
                 continue
             try:
-                servers[label] = (Passive(topo[key][1], bp, port, transport), None, port)
-            except RuntimeError as exc:
+                servers[label] = (start_passive(topo[key][1], bp, port, transport, serving), None, port)
+            except (RuntimeError, OSError) as exc:
                 servers[label] = (None, str(exc), port)
         for mode in modes:
             for size in sizes:

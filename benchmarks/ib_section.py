@@ -14,8 +14,10 @@ Order (:func:`phases`): the pairings that need rds_rdma unloaded (userspace-user
 rdma_cm port 18634) run first, each alone, before the kernel ever had an RDS/IB connection (unloading
 rds_rdma after kernel RDS/IB connections panicked 7.3.4; :class:`~pyrds.testing.ib.UnsafeUnload` refuses
 it); rds_rdma is loaded again when the pairing is destroyed. Then the other pairings together, their
-scenarios alternating cell by cell as the RDS/TCP rows do. kernel->userspace is not measured: one machine
-cannot host it (the kernel would dial its own rds_rdma; it needs two guests).
+scenarios alternating cell by cell as the RDS/TCP rows do. kernel->userspace runs only with a peer guest
+(``vm run --peer-ib``; one machine cannot host it: the kernel would dial its own rds_rdma): this guest's
+kernel on its link address, the userspace node in guest B, whose passive side is its peer agent's job
+(cells.PeerPassive).
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ IB_SCENARIOS: list[Scenario] = [
     ("kernel<->kernel (pyrds.kernel)", "kernel", "kernel", "kernel-kernel"),
     ("userspace<->userspace", "userspace", "userspace", "userspace-userspace"),
     ("userspace->kernel", "userspace", "kernel", "userspace-kernel"),
+    ("kernel->userspace", "kernel", "userspace", "kernel-userspace"),
 ]
-#: the RDS/TCP row the IB section cannot have, and why (the report prints it)
-NOT_MEASURED = {"kernel->userspace": "kernel-userspace"}
+#: the scenarios that need the peer guest (``vm run --peer-ib``): the kernel here, the userspace node there
+PEER_SCENARIOS = frozenset({"kernel->userspace"})
 #: the RDS ports of the passive servers, 10 a phase (the netns rows use 4001.. and 4101..)
 PORT_BASE = 4301
 
@@ -53,6 +56,28 @@ def phases(scenarios: Sequence[Scenario], unloads: frozenset[str]) -> list[list[
         else:
             rest.append(sc)
     return [*first.values(), *([rest] if rest else [])]
+
+
+def _node(ib_node: Any) -> Node:
+    """The benchmark's view of one node of a pairing: this guest's (its processes get the node's
+    environment), or the peer guest's, reached through its agent."""
+    from pyrds.testing.peeragent import PeerAgent
+
+    agent = getattr(ib_node, "agent", None)
+    agent = agent if isinstance(agent, PeerAgent) else None
+    return Node(None, ib_node.addr, dict(ib_node.env), agent=agent)
+
+
+def available(scenarios: Sequence[Scenario]) -> tuple[list[Scenario], dict[str, str]]:
+    """The scenarios this guest can run, and the others with why not: the two-guest ones need a peer guest
+    (:func:`pyrds.testing.ib.peer_link`)."""
+    from pyrds.testing import ib
+
+    if ib.peer_link() is not None:
+        return list(scenarios), {}
+    why = "needs the peer guest (vm run --peer-ib)"
+    skipped = {sc[0]: why for sc in scenarios if sc[0] in PEER_SCENARIOS}
+    return [sc for sc in scenarios if sc[0] not in skipped], skipped
 
 
 def _log(text: str) -> None:
@@ -113,10 +138,10 @@ def measure(
                         out["pairs"][pairing]["error"] = broken[pairing]
                         _log(f"{pairing}: not built: {broken[pairing]}")
                         continue
-                    topo[pairing] = (
-                        Node(None, pair.a.addr, dict(pair.a.env)),
-                        Node(None, pair.b.addr, dict(pair.b.env)),
-                    )
+                    # a peer guest's pairing runs on the link's addresses, not the fabric's
+                    a_addr, b_addr = pair.a.addr, pair.b.addr
+                    out["pairs"][pairing].update(a=a_addr, b=b_addr)
+                    topo[pairing] = (_node(pair.a), _node(pair.b))
                     _log(f"{pairing}: {a_addr} -> {b_addr} up ({time.monotonic() - t0:.0f} s)")
                 rows += measure_cells(
                     group,

@@ -459,10 +459,32 @@ def _memory_section(sec: dict[str, Any] | None) -> list[str]:
 
 
 def _ib_missing(sec: dict[str, Any]) -> list[str]:
-    from ib_section import IB_SCENARIOS
+    from ib_section import IB_SCENARIOS, PEER_SCENARIOS
 
     seen = {r["scenario"] for r in sec.get("rows") or []}
-    return [label for label, *_ in IB_SCENARIOS if label not in seen]
+    # a peer guest's scenario has its own line (_ib_two_guests)
+    return [label for label, *_ in IB_SCENARIOS if label not in seen and label not in PEER_SCENARIOS]
+
+
+def _ib_two_guests(sec: dict[str, Any], where: str) -> list[str]:
+    """What the report says of kernel->userspace: measured across two guests, or why not."""
+    label = "kernel->userspace"
+    if any(r["scenario"] == label for r in sec.get("rows") or []):
+        return [
+            f"- `{label}` ({where}): on one machine the kernel would dial port 18634 of the other",
+            "  address and reach its own rds_rdma, so this row crosses two guests: this guest's kernel",
+            "  (pyrds.kernel, as the RDS/TCP row) on its link address, over the link's rxe device, to the",
+            "  userspace stack of a second, 1-vCPU guest (`vm run --peer-ib`, vm/ib_peer.py), whose passive",
+            "  side is the same serving loop run by that guest's peer agent",
+            "  (`pyrds.testing.workloads.stress_passive`). The link",
+            "  between two TCG guests is not the dummy netdev of the other rows: compare this row with",
+            "  the others as a different path, not as a ratio of one path.",
+        ]
+    why = (sec.get("unavailable") or {}).get(label) or "not in this run"
+    return [
+        f"- `kernel->userspace` is not measured ({why}): on one machine the kernel would dial port 18634",
+        "  of the other address and reach its own rds_rdma; it needs two guests.",
+    ]
 
 
 def _ib_section(sec: dict[str, Any] | None) -> list[str]:
@@ -504,9 +526,7 @@ def _ib_section(sec: dict[str, Any] | None) -> list[str]:
         f"  kernel connection) and `userspace->kernel` ({where('userspace-kernel')}), alternating cell",
         "  by cell. In `userspace->kernel` the userspace node is active-only (the kernel's rds_rdma holds",
         "  port 18634) and dials the kernel, which answers on that connection.",
-        "- `kernel->userspace` is not measured: on one machine the kernel would dial port 18634 of the",
-        "  other address and reach its own rds_rdma; it needs two guests (`tests/vm` checks that it works,",
-        "  not its speed).",
+        *_ib_two_guests(sec, where("kernel-userspace")),
     ]
     if sec.get("kernel_ib_connections") is not None:
         out.append(

@@ -21,7 +21,9 @@ many-sockets and queued-memory cells are benchmarks/agent.py processes driven by
 The IB section (``--ib-sizes``, default the stress sizes) runs last: kernel<->kernel (stdlib, pyrds.kernel),
 userspace<->userspace and userspace->kernel between two addresses of one rxe device (pyrds.testing.ib's
 fabric and pairings), every socket pinned with ``pyrds stress --transport ib``; userspace<->userspace first,
-with rds_rdma unloaded, before the kernel had any RDS/IB connection (ib_section.py says why).
+with rds_rdma unloaded, before the kernel had any RDS/IB connection (ib_section.py says why); and
+kernel->userspace across two guests: with the ib section the host boots a second, 1-vCPU guest (``vm run
+--peer-ib``; ``--no-ib-peer`` leaves it and that row out).
 """
 
 from __future__ import annotations
@@ -149,7 +151,9 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
         for mod in ("rds_rdma", "rdma_rxe"):
             subprocess.run(["modprobe", mod], check=False)
         chosen = [sc for sc in ib_section.IB_SCENARIOS if not args.only or any(o in sc[0] for o in args.only)]
+        chosen, unavailable = ib_section.available(chosen)
         got = ib_section.measure(chosen, args.modes, args.ib_sizes, args.duration)
+        got["unavailable"] = unavailable
         sections["ib"] = {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": machine(),
@@ -183,6 +187,12 @@ def machine() -> str:
     )
 
 
+def peer_args() -> list[str]:
+    """``vm run`` options for the second guest of the RDS/IB kernel->userspace row (guest B: its userspace
+    stack behind the peer agent, vm/ib_peer.py; 1 vCPU, idle until that row runs; guest A keeps 2)."""
+    return ["--peer-ib", "--peer-cmd", "python -m vm.ib_peer"]
+
+
 def host_phase(args: argparse.Namespace) -> int:
     cmd = [
         PY,
@@ -192,6 +202,7 @@ def host_phase(args: argparse.Namespace) -> int:
         "--timeout",
         str(args.vm_timeout),
         *(["--kernel", args.kernel] if args.kernel else []),
+        *(peer_args() if "ib" in args.sections and not args.no_ib_peer else []),
         "--",
         "python",
         "benchmarks/run.py",
@@ -344,6 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save-json", default=str(ROOT / "benchmarks" / "results.json"))
     ap.add_argument("--note", help="a remark printed in the report (e.g. what else loaded the host)")
     ap.add_argument("--vm-timeout", type=float, default=3000.0)
+    ap.add_argument(
+        "--no-ib-peer",
+        action="store_true",
+        help="with the ib section: no second guest (vm run --peer-ib), so no kernel->userspace RDS/IB rows",
+    )
     ap.add_argument("--kernel", help="guest kernel for python -m vm run (6.1, 6.12, 7.3; default: vm's)")
     args = ap.parse_args(argv)
     if args.percall_only:

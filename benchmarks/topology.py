@@ -29,6 +29,9 @@ class Node:
     ns: str | None
     addr: str
     env: dict[str, str] = field(default_factory=dict)
+    #: a node in another guest, reached only through this peer agent (:mod:`pyrds.testing.peeragent`): its
+    #: passive side is an agent job (cells.PeerPassive); it cannot run commands
+    agent: Any = None
 
     def popen(self, cmd: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """Start ``cmd`` inside the namespace with :attr:`env` added to ``kwargs['env']`` (or os.environ)."""

@@ -117,15 +117,22 @@ class _Peer:
     rbytes: int = 0
 
 
-def serve(sock: RDSSocketBase, once: bool, as_json: bool, out: Any = None) -> int:
-    """Answer stress clients until SIGINT/SIGTERM (or, with ``once``, until the first run finishes)."""
+def serve(
+    sock: RDSSocketBase,
+    once: bool,
+    as_json: bool,
+    out: Any = None,
+    stop: threading.Event | None = None,
+) -> int:
+    """Answer stress clients until SIGINT/SIGTERM (or, with ``once``, until the first run finishes). With
+    ``stop`` (serving from a thread other than the main one, where no signal handler can be set), until
+    ``stop`` is set instead of SIGTERM."""
     out = out or sys.stdout
-    stop = threading.Event()
-
-    def on_signal(_sig: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    old = signal.signal(signal.SIGTERM, on_signal)
+    own_signal = stop is None
+    old: Any = None
+    if stop is None:
+        stop = threading.Event()
+        old = signal.signal(signal.SIGTERM, _setter(stop))
     peers: dict[Any, _Peer] = {}
     acks: dict[int, bytes] = {}
     finished = 0
@@ -182,8 +189,16 @@ def serve(sock: RDSSocketBase, once: bool, as_json: bool, out: Any = None) -> in
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, old)
+        if own_signal:
+            signal.signal(signal.SIGTERM, old)
     return 0 if (finished or not once) else 1
+
+
+def _setter(stop: threading.Event) -> Any:
+    def on_signal(_sig: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    return on_signal
 
 
 def _report_peer(out: Any, addr: Any, p: _Peer, elapsed: float, as_json: bool) -> None:

@@ -65,6 +65,8 @@ JOBS = frozenset(
         "pyrds.testing.workloads:exchange",
         "pyrds.testing.workloads:drain",
         "pyrds.testing.workloads:socket_selftest",
+        "pyrds.testing.workloads:stress_passive",
+        "pyrds.testing.workloads:stress_passive_stop",
         "pyrds.testing.ib:info_table",
     }
 )

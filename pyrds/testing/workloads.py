@@ -17,10 +17,12 @@ from __future__ import annotations
 import errno
 import hashlib
 import importlib
+import io
 import itertools
 import random
 import select
 import struct
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -170,6 +172,50 @@ def drain(socks: Sequence[Any], *, count: int, timeout: float = 60.0) -> list[by
 def sleep(socks: Sequence[Any], *, seconds: float) -> None:
     """Do nothing for ``seconds`` (a job that keeps ``wait`` blocked, for harness tests)."""
     time.sleep(seconds)
+
+
+#: the longest a :func:`stress_passive` job serves
+STRESS_PASSIVE_MAX_S = 7200.0
+#: stop events of the running :func:`stress_passive` jobs, by the id of the socket each serves
+_STRESS_STOPS: dict[int, threading.Event] = {}
+
+
+def stress_passive(socks: Sequence[Any], *, seconds: float, sockbuf: int = 4 << 20) -> int:
+    """Serve ``pyrds stress`` clients on ``socks[0]`` (bound and pinned by the caller) as ``pyrds stress
+    --passive`` does: its buffers raised to ``sockbuf`` bytes (the CLI's default), then
+    :func:`pyrds.cli.stress_proto.serve` until :func:`stress_passive_stop` names that socket or ``seconds``
+    pass; the number of client runs that finished. For a node that only an agent reaches (the benchmark's
+    kernel->userspace RDS/IB row: the userspace node lives in a peer guest)."""
+    from pyrds.cli.stress_proto import serve, size_buffers
+
+    if type(seconds) not in (int, float) or not 0 < seconds <= STRESS_PASSIVE_MAX_S:
+        raise ValueError(f"seconds must be in (0, {STRESS_PASSIVE_MAX_S:.0f}]")
+    if type(sockbuf) is not int or not 0 <= sockbuf <= 64 << 20:
+        raise ValueError("sockbuf must be an int in [0, 64 MiB]")
+    sock = socks[0]
+    if sockbuf:
+        size_buffers(sock, sockbuf)
+    if id(sock) in _STRESS_STOPS:
+        raise ValueError("that socket is served already")
+    stop = _STRESS_STOPS[id(sock)] = threading.Event()
+    timer = threading.Timer(seconds, stop.set)
+    timer.daemon = True
+    timer.start()
+    reports = io.StringIO()
+    try:
+        serve(sock, False, True, out=reports, stop=stop)
+    finally:
+        timer.cancel()
+        _STRESS_STOPS.pop(id(sock), None)
+    return len(reports.getvalue().splitlines())
+
+
+def stress_passive_stop(socks: Sequence[Any]) -> bool:
+    """End the :func:`stress_passive` job serving ``socks[0]`` (within its 0.2 s poll); False if none does."""
+    stop = _STRESS_STOPS.get(id(socks[0]))
+    if stop is not None:
+        stop.set()
+    return stop is not None
 
 
 def userspace_force_reconnect(socks: Sequence[Any]) -> None:

@@ -41,6 +41,7 @@ def test_userspace_pair_runs_first_and_alone(bench: dict[str, ModuleType]) -> No
         "kernel<->kernel (stdlib)",
         "kernel<->kernel (pyrds.kernel)",
         "userspace->kernel",
+        "kernel->userspace",
     ]
     assert len(groups) == 2
 
@@ -59,13 +60,30 @@ def test_scenarios_are_pairings_one_machine_hosts(bench: dict[str, ModuleType]) 
     run = bench["run"]
     tcp_roles = {label: (a, p) for label, a, p, _key in run.SCENARIOS}
     for label, active, passive, pairing in ibs.IB_SCENARIOS:
-        assert pairing in ib.PAIRS and pairing not in ib.NOT_COVERED
+        assert pairing in ib.PAIRS
+        # one machine hosts the pairing, or it is a peer guest's scenario and pairing
+        assert pairing not in ib.NOT_COVERED or (label in ibs.PEER_SCENARIOS and pairing in ib.PEER_PAIRS)
         assert tcp_roles[label] == (active, passive)  # same label, same roles as the RDS/TCP row
         node_a, node_b = pairing.split("-")  # node A dials: the active side runs there
         assert node_a == ("kernel" if active == "stdlib" else active)
         assert node_b == ("kernel" if passive == "stdlib" else passive)
     assert ibs.IB_SCENARIOS[0][0] == bench["report"].BASE
-    assert all(p in ib.NOT_COVERED for p in ibs.NOT_MEASURED.values())
+
+
+def test_the_peer_scenario_needs_the_peer_guest(bench: dict[str, ModuleType]) -> None:
+    """Without a peer guest kernel->userspace is left out with why; with one (guest A of ``vm run
+    --peer-ib``: PYRDS_ROLE a, the link's variables) every scenario runs."""
+    ibs = bench["ib_section"]
+    keys = ("PYRDS_ROLE", "PYRDS_NETDEV", "PYRDS_LOCAL_ADDR", "PYRDS_PEER_ADDR", "PYRDS_VM_RESULTS")
+    with pytest.MonkeyPatch.context() as mp:
+        for k in keys:
+            mp.delenv(k, raising=False)
+        chosen, skipped = ibs.available(ibs.IB_SCENARIOS)
+        assert labels(chosen) == [sc[0] for sc in ibs.IB_SCENARIOS if sc[0] != "kernel->userspace"]
+        assert skipped == {"kernel->userspace": "needs the peer guest (vm run --peer-ib)"}
+        for k, v in zip(keys, ("a", "eth1", "10.99.0.1", "10.99.0.2", "/tmp/r/a"), strict=True):
+            mp.setenv(k, v)
+        assert ibs.available(ibs.IB_SCENARIOS) == (list(ibs.IB_SCENARIOS), {})
 
 
 # ------------------------------------------------------------------------------------------ orchestration
@@ -159,10 +177,15 @@ def world(bench: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch) -> Iter
     yield make
 
 
+def one_machine(ibs: ModuleType) -> list[Any]:
+    """The scenarios of a guest without a peer guest."""
+    return [sc for sc in ibs.IB_SCENARIOS if sc[0] not in ibs.PEER_SCENARIOS]
+
+
 def test_measure_order_and_rows(bench: dict[str, ModuleType], world: Any) -> None:
     ibs = bench["ib_section"]
     w = world()
-    got = ibs.measure(ibs.IB_SCENARIOS, ["rr", "oneway"], [1024, 65536], 3.0)
+    got = ibs.measure(one_machine(ibs), ["rr", "oneway"], [1024, 65536], 3.0)
     assert w.log == [
         "create userspace-userspace",
         "cells userspace<->userspace port 4301",
@@ -179,13 +202,14 @@ def test_measure_order_and_rows(bench: dict[str, ModuleType], world: Any) -> Non
     assert got["phases"] == [["userspace-userspace"], ["kernel-kernel", "userspace-kernel"]]
     assert got["pairs"]["userspace-kernel"] == {"a": "10.98.7.3", "b": "10.98.7.4", "error": None}
     keys = [(r["scenario"], r["mode"], r["size"]) for r in got["rows"]]
-    assert keys == [(sc[0], m, z) for sc in ibs.IB_SCENARIOS for m in ("rr", "oneway") for z in (1024, 65536)]
+    want = [(sc[0], m, z) for sc in one_machine(ibs) for m in ("rr", "oneway") for z in (1024, 65536)]
+    assert keys == want
 
 
 def test_a_pairing_that_fails_marks_its_rows(bench: dict[str, ModuleType], world: Any) -> None:
     ibs = bench["ib_section"]
     world(fail_create="userspace-userspace")
-    got = ibs.measure(ibs.IB_SCENARIOS, ["rr"], [1024], 3.0)
+    got = ibs.measure(one_machine(ibs), ["rr"], [1024], 3.0)
     by = {r["scenario"]: r for r in got["rows"]}
     assert "no hello exchange" in by["userspace<->userspace"]["error"]
     assert "no hello exchange" in got["pairs"]["userspace-userspace"]["error"]
@@ -196,7 +220,7 @@ def test_a_pairing_that_fails_marks_its_rows(bench: dict[str, ModuleType], world
 def test_a_failed_reload_stops_the_kernel_phase(bench: dict[str, ModuleType], world: Any) -> None:
     ibs = bench["ib_section"]
     w = world(fail_destroy="userspace-userspace")
-    got = ibs.measure(ibs.IB_SCENARIOS, ["rr"], [1024], 3.0)
+    got = ibs.measure(one_machine(ibs), ["rr"], [1024], 3.0)
     assert not any(line.startswith("create kernel") for line in w.log)
     assert "modprobe rds_rdma exited 1" in got["error"]
     by = {r["scenario"]: r for r in got["rows"]}
@@ -210,7 +234,7 @@ def test_no_rxe_means_every_row_says_why(
 ) -> None:
     ibs = bench["ib_section"]
     monkeypatch.setattr(ib, "ib_unavailable", lambda: "RDS/IB scenarios need the rdma_rxe module")
-    got = ibs.measure(ibs.IB_SCENARIOS, ["rr", "oneway"], [1024], 3.0)
+    got = ibs.measure(one_machine(ibs), ["rr", "oneway"], [1024], 3.0)
     assert got["error"] == "RDS/IB scenarios need the rdma_rxe module"
     assert len(got["rows"]) == 8 and all(r["error"] == got["error"] for r in got["rows"])
 
@@ -318,7 +342,7 @@ def test_report_ib_section(bench: dict[str, ModuleType]) -> None:
     assert "**These are rxe figures.**" in text and "nothing about RDS/IB on an HCA" in text
     assert "pyrdsibrxe0 on pyrdsib0, 10.98.0.0/24" in text
     assert "`userspace<->userspace` (10.98.0.7 -> 10.98.0.8) ran first" in text
-    assert "`kernel->userspace` is not measured" in text
+    assert "`kernel->userspace` is not measured (not in this run)" in text
     assert "**Not measured in this run:** kernel<->kernel (pyrds.kernel)." in text
     assert "**Note:** host load 5" in text
     assert "| userspace<->userspace | 1 KiB | 100 | 0.10 | 1,000 | 2,000 | 0.25x |" in text
@@ -336,3 +360,91 @@ def test_report_without_ib_says_how_to_measure_it(bench: dict[str, ModuleType], 
     out = md.read_text()
     assert out.index("## Memory per queued message") < out.index("## RDS/IB over rdma_rxe")
     assert "soft-RoCE on a dummy netdev" in out.split("## ")[0]  # the header names the IB section too
+
+
+class FakePeerAgent:
+    """Records what PeerPassive asks of a peer guest's agent."""
+
+    def __init__(self) -> None:
+        self.log: list[Any] = []
+        self.broken: str | None = None
+        self.jobs = 0
+
+    def socket(self, backend: str) -> Any:
+        agent = self
+
+        class Sock:
+            def setsockopt(self, *args: Any) -> None:
+                agent.log.append(("setsockopt", *args))
+
+            def bind(self, addr: Any) -> None:
+                agent.log.append(("bind", addr))
+
+            def close(self) -> None:
+                agent.log.append(("close",))
+
+        self.log.append(("socket", backend))
+        return Sock()
+
+    def job(self, func: str, socks: Any, **kwargs: Any) -> int:
+        self.jobs += 1
+        self.log.append(("job", func, kwargs))
+        return self.jobs
+
+    def wait(self, jid: int, timeout: float | None = None) -> Any:
+        self.log.append(("wait", jid))
+        return True
+
+
+def test_a_peer_guests_passive_side_is_its_agents_job(bench: dict[str, ModuleType]) -> None:
+    """kernel->userspace: the passive side on the peer guest is a userspace socket of its agent, pinned to IB
+    and bound to the node's address and the scenario's port, served by an allowed job until stop (the stop
+    job, then the serving job's end, then the socket's close)."""
+    from topology import Node
+
+    from pyrds.constants import SOL_RDS, SockOpt, Transport
+    from pyrds.testing import peeragent
+
+    cells = bench["cells"]
+    agent = FakePeerAgent()
+    node = Node(None, "10.99.0.2", agent=agent)
+    server = cells.start_passive(node, "userspace", 4341, "ib", 900.0)
+    assert isinstance(server, cells.PeerPassive) and server.alive()
+    server.stop()
+    server.stop()  # once only
+    assert not server.alive()
+    assert agent.log == [
+        ("socket", "userspace"),
+        ("setsockopt", SOL_RDS, SockOpt.SO_RDS_TRANSPORT, int(Transport.IB)),
+        ("bind", ("10.99.0.2", 4341)),
+        ("job", "pyrds.testing.workloads:stress_passive", {"seconds": 900.0}),
+        ("job", "pyrds.testing.workloads:stress_passive_stop", {}),
+        ("wait", 2),
+        ("wait", 1),
+        ("close",),
+    ]
+    assert {e[1] for e in agent.log if e[0] == "job"} <= peeragent.JOBS
+    with pytest.raises(RuntimeError):
+        cells.start_passive(node, "kernel", 4342, "ib", 900.0)  # the peer guest has no kernel node
+
+
+def test_a_peer_pairing_is_recorded_with_its_nodes_addresses(
+    bench: dict[str, ModuleType], world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kernel->userspace runs on the two guests' link addresses, not the fabric's: the report's pairs say
+    where the rows ran."""
+    ibs = bench["ib_section"]
+    w = world()
+
+    class Pair:
+        a, b = FakeNode("10.99.0.1", {}), FakeNode("10.99.0.2", {})
+
+        def destroy(self) -> None:
+            pass
+
+    monkeypatch.setattr(ib.IbPair, "create", classmethod(lambda _cls, pair, fabric: Pair()))
+    monkeypatch.setattr(ibs, "measure_cells", lambda *a, **kw: [])
+    k2u = [sc for sc in ibs.IB_SCENARIOS if sc[0] in ibs.PEER_SCENARIOS]
+    got = ibs.measure(k2u, ["rr"], [1024], 3.0)
+    assert got["pairs"]["kernel-userspace"] == {"a": "10.99.0.1", "b": "10.99.0.2", "error": None}
+    assert w.log == []

@@ -282,3 +282,46 @@ def test_socket_selftest_catches_a_duplicate_and_a_stall() -> None:
     for node in lonely:
         for s in node:
             s.close()
+
+
+def test_stress_passive_serves_a_stress_client_until_stopped() -> None:
+    """The agent job behind the benchmark's kernel->userspace RDS/IB row: ``pyrds stress --passive``'s loop on
+    a socket it was given (a UDP socket here: same recvmsg/sendto shape), ended by stress_passive_stop; it
+    returns the client runs that finished. Bad bounds are ValueErrors before anything is served."""
+    import socket
+    import threading
+
+    from pyrds.cli.stress_proto import control, parse_control
+    from pyrds.testing.workloads import stress_passive, stress_passive_stop
+
+    srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    cli = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        srv.bind(("127.0.0.1", 0))
+        cli.bind(("127.0.0.1", 0))
+        cli.settimeout(10)
+        for bad in ({"seconds": 0}, {"seconds": "5"}, {"seconds": 7201}, {"seconds": 5, "sockbuf": -1}):
+            with pytest.raises(ValueError):
+                stress_passive([srv], **bad)
+        assert stress_passive_stop([srv]) is False  # nothing serves it yet
+        result: list[int] = []
+        th = threading.Thread(
+            target=lambda: result.append(stress_passive([srv], seconds=60, sockbuf=1 << 16))
+        )
+        th.start()
+        there = srv.getsockname()
+        cli.sendto(control("hello", mode="rr", ack=3, size=10), there)
+        assert (parse_control(cli.recv(4096)) or {}).get("op") == "ready"
+        cli.sendto(bytes(10), there)
+        assert cli.recv(4096) == bytes(3)  # the rr reply of the ack size
+        cli.sendto(control("fin"), there)
+        done = parse_control(cli.recv(4096)) or {}
+        assert (done.get("op"), done.get("received"), done.get("bytes")) == ("done", 1, 10)
+        assert stress_passive_stop([srv]) is True
+        th.join(10)
+        assert not th.is_alive() and result == [1]
+        assert stress_passive_stop([srv]) is False
+        assert stress_passive([srv], seconds=0.3) == 0  # its own deadline ends it
+    finally:
+        srv.close()
+        cli.close()
