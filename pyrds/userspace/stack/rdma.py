@@ -342,6 +342,12 @@ def cmsg_send(
     return res
 
 
+def _remote(cookie: int, remote_addr: int) -> tuple[int, int]:
+    """(r_key, remote address) of an op: the cookie's key (``rds_rdma_cookie_key``), and ``remote_addr`` plus
+    the cookie's offset (``rds_rdma_cookie_offset``), as ``rds_cmsg_rdma_args`` / ``rds_cmsg_atomic``."""
+    return cookie & 0xFFFFFFFF, (remote_addr + (cookie >> 32)) & _U64
+
+
 def _rdma_op(
     data: bytes, vecs: list[tuple[int, int]], sock_id: int, recverr: bool, mem: ClientMemory
 ) -> RdmaOp:
@@ -358,10 +364,11 @@ def _rdma_op(
     chunks = [mem.read(a, b) for a, b in vecs]  # a READ's target must be there too (pinned for writing)
     if nbytes > rbytes:
         raise StackError(errno.EINVAL)
+    rkey, remote = _remote(cookie, raddr)
     return RdmaOp(
         write=write,
-        rkey=cookie & 0xFFFFFFFF,
-        remote_addr=(raddr + (cookie >> 32)) & _U64,
+        rkey=rkey,
+        remote_addr=remote,
         nbytes=nbytes,
         local=list(vecs),
         data=b"".join(chunks) if write else b"",
@@ -394,10 +401,11 @@ def _atomic_op(kind: int, data: bytes, sock_id: int, recverr: bool, mem: ClientM
     if local_addr & 7:
         raise StackError(errno.EFAULT)
     mem.read(local_addr, 8)  # rds_pin_pages: EFAULT when the word is not there
+    rkey, remote = _remote(cookie, remote_addr)
     return RdmaOp(
         write=False,
-        rkey=cookie & 0xFFFFFFFF,
-        remote_addr=(remote_addr + (cookie >> 32)) & _U64,
+        rkey=rkey,
+        remote_addr=remote,
         nbytes=8,
         local=[(local_addr, 8)],
         notify=bool(flags & RdmaFlag.NOTIFY_ME),

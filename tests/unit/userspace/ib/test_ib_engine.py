@@ -260,15 +260,22 @@ def test_private_data_ack_seq_releases_messages_the_peer_already_has() -> None:
     assert [m.payload for m in got] == [payload(100, i) for i in range(3)] + [payload(50_000, 3)]
 
 
-def test_reconnect_retransmits_and_the_receiver_drops_duplicates() -> None:
-    """Against a peer that, like a 6.1/6.12 kernel, sends ack_seq 0: everything unacked comes again."""
+def delivered_unacked(size: int, count: int) -> tuple[Any, list[int]]:
+    """A connected link whose b holds ``count`` messages of ``size`` bytes from a, none acked yet (b's ACK
+    never left b); the link and the messages' sequence numbers."""
     lk = link()
     lk.connect()
     lk.pump()
-    seqs = [lk.a.engine.queue(1, 2, payload(5000, i)) for i in range(4)]
+    seqs = [lk.a.engine.queue(1, 2, payload(size, i)) for i in range(count)]
     lk.post(lk.a)
     while lk.b.wire_in:
-        lk.deliver_one(lk.b)  # b has all four; its ACK never leaves b
+        lk.deliver_one(lk.b)
+    return lk, seqs
+
+
+def reconnect_with_ack_seq_zero(lk: Any) -> None:
+    """Drop the link and connect again with b's REP saying ack_seq 0, as a 6.1/6.12 kernel's does: a resends
+    everything unacked. b's events and frames start empty."""
     lk.disconnect()
     real_on_request = lk.b.engine.on_request
 
@@ -278,11 +285,17 @@ def test_reconnect_retransmits_and_the_receiver_drops_duplicates() -> None:
         rep[16:24] = bytes(8)  # ack_seq of the IPv4 layout
         return type(answer)(answer.accept, bytes(rep), answer.reason)
 
-    lk.b.engine.on_request = kernel_like  # type: ignore[method-assign]  # b's REP says ack_seq 0
+    lk.b.engine.on_request = kernel_like
     lk.b.events.clear()
     lk.b.frames.clear()
     lk.connect()
     lk.pump()
+
+
+def test_reconnect_retransmits_and_the_receiver_drops_duplicates() -> None:
+    """Against a peer that, like a 6.1/6.12 kernel, sends ack_seq 0: everything unacked comes again."""
+    lk, seqs = delivered_unacked(5000, 4)
+    reconnect_with_ack_seq_zero(lk)
     again = [f for f in data_frames(lk.b.frames) if f.frag == 0]
     assert [f.seq for f in again] == seqs
     assert all(RDSHeader.decode(f.header).flags & HeaderFlag.RETRANSMITTED for f in again)
@@ -400,26 +413,8 @@ def test_cancel_partly_posted_message_completes_queued_ones_and_their_rdma_never
 
 
 def test_cancelled_message_is_not_retransmitted_after_a_reconnect() -> None:
-    lk = link()
-    lk.connect()
-    lk.pump()
-    seqs = [lk.a.engine.queue(1, 2, payload(100, i)) for i in range(3)]
-    lk.post(lk.a)
-    while lk.b.wire_in:
-        lk.deliver_one(lk.b)  # b has all three; its ACK never leaves b
+    lk, seqs = delivered_unacked(100, 3)
     assert lk.a.engine.cancel(seqs[1]) is not None
-    lk.disconnect()
-    real_on_request = lk.b.engine.on_request
-
-    def kernel_like(data: bytes | bytearray | memoryview, now: float):  # type: ignore[no-untyped-def]
-        answer = real_on_request(data, now)
-        rep = bytearray(answer.private_data)
-        rep[16:24] = bytes(8)  # ack_seq 0 (6.1/6.12): everything unacked is sent again
-        return type(answer)(answer.accept, bytes(rep), answer.reason)
-
-    lk.b.engine.on_request = kernel_like  # type: ignore[method-assign]
-    lk.b.frames.clear()
-    lk.connect()
-    lk.pump()
+    reconnect_with_ack_seq_zero(lk)  # everything unacked but the cancelled one comes again
     assert [f.seq for f in data_frames(lk.b.frames) if f.frag == 0] == [seqs[0], seqs[2]]
     assert lk.a.engine.path.queued_msgs == 0
