@@ -193,10 +193,10 @@ def stress_passive(socks: Sequence[Any], *, seconds: float, sockbuf: int = 4 << 
     if type(sockbuf) is not int or not 0 <= sockbuf <= 64 << 20:
         raise ValueError("sockbuf must be an int in [0, 64 MiB]")
     sock = socks[0]
-    if sockbuf:
-        size_buffers(sock, sockbuf)
     if id(sock) in _STRESS_STOPS:
         raise ValueError("that socket is served already")
+    if sockbuf:
+        size_buffers(sock, sockbuf)
     stop = _STRESS_STOPS[id(sock)] = threading.Event()
     timer = threading.Timer(seconds, stop.set)
     timer.daemon = True

@@ -418,11 +418,9 @@ class Stack:
             except StackError:
                 self.counters["rdma_read_writeback_failed"] += 1
                 status = 4  # RDS_RDMA_OTHER_ERROR: the client's buffer is gone
-        if op.done or not (op.notify or _recverr_notifies(op, status)):
-            return
-        op.done = True
-        rs.rdma_notify.append((op.token, status))
-        rs.update_readiness()
+        if op.notify or _recverr_notifies(op, status):
+            _notify_once(rs, op, status)
+            rs.update_readiness()
 
     def rdma_unuse(self, rs: SockState, key: int) -> None:
         """``rds_rdma_unuse(rs, key, 0)`` for a received RDS_EXTHDR_RDMA: what the peer wrote into the MR
@@ -526,10 +524,8 @@ class Stack:
                 self._release(rs, len(msg.payload))
                 self.counters["send_canceled"] += 1
                 self._cancel(msg)
-                op = msg.rdma
-                if op is not None and op.notify and not op.done:
-                    op.done = True
-                    rs.rdma_notify.append((op.token, int(RdmaStatus.CANCELED)))
+                if msg.rdma is not None and msg.rdma.notify:
+                    _notify_once(rs, msg.rdma, RdmaStatus.CANCELED)
         rs.update_readiness()
 
     def _cancel(self, msg: Outgoing) -> None:
@@ -740,3 +736,12 @@ def _recverr_notifies(op: rdma.RdmaOp, status: int) -> bool:
     """An op without NOTIFY_ME is still notified: an RDMA op (``rm->rdma``; the kernel never looks at an
     atomic's ``op_recverr``) of a RDS_RECVERR socket whose message was dropped."""
     return op.recverr and not op.atomic and status == RdmaStatus.DROPPED
+
+
+def _notify_once(rs: SockState, op: rdma.RdmaOp, status: int) -> None:
+    """Queue the op's RDS_CMSG_RDMA_STATUS on ``rs`` unless it went out already (the kernel clears
+    ``op_notifier`` when it queues one: an op is notified once, whichever of completion, drop or cancel
+    comes first)."""
+    if not op.done:
+        op.done = True
+        rs.rdma_notify.append((op.token, int(status)))
