@@ -20,7 +20,8 @@ The connection comes UP on ESTABLISHED -- or on the first receive completion, wh
 
 Rings: receive slots are all posted once per connection before the peer can send; the engine's
 :meth:`IbEngine.recv_to_post` then says how many to repost (it counts the ring full when it comes UP, which
-is exactly what is posted). Send slot of a work request: ``wr_id % send_wr`` (the engine numbers them
+is exactly what is posted); none is reposted while a receiving socket over its cap holds the connection
+(:meth:`IbConnection.hold_receive`). Send slot of a work request: ``wr_id % send_wr`` (the engine numbers them
 consecutively and never has more than ``send_wr`` outstanding); the ACK frame has its own slot ``send_wr``.
 
 RDMA and atomic ops (``stack.rdma.RdmaOp``): one signalled work request each, on the ring slot the engine
@@ -191,6 +192,9 @@ class IbConnection:
         self.device_max_sge = 0
         #: RDMA work requests posted and not completed, by wr_id
         self._rdma_wrs: dict[int, _PostedRdma] = {}
+        #: the receiving sockets (their (address, port)) over their receive cap that hold this connection:
+        #: while any does, no receive buffer is posted again (:meth:`hold_receive`)
+        self.rx_holds: set[tuple[Any, int]] = set()
 
     def __repr__(self) -> str:
         side = "active" if self.active else "passive"
@@ -479,7 +483,7 @@ class IbConnection:
         if self.state != ConnState.UP or self.qp is None:
             return
         try:
-            want = self.engine.recv_to_post()
+            want = 0 if self.rx_holds else self.engine.recv_to_post()
             if want > len(self._free_recv):
                 self.counters["ib_recv_ring_mismatch"] += 1
             if from_cq and want and self._free_recv:
@@ -500,6 +504,28 @@ class IbConnection:
             self._report(self.engine.take_events())
         except VerbsError as exc:
             self._fail("post", exc)
+
+    def hold_receive(self, sock: tuple[Any, int]) -> None:
+        """The socket ``sock`` (address, port) went over its receive cap with a message of this connection:
+        until :meth:`release_receive` of every such socket, the receive ring is not refilled. The buffers
+        posted still fill (at most the ring's worth of frames more is delivered); then the peer's SENDs meet
+        no buffer, RC answers them with RNR NAKs and the peer's QP retries them without end (rnr_retry 7),
+        so the peer's sends on this connection stall instead of queueing here: the IB counterpart of RDS/TCP
+        not reading its socket (TCP's closed window)."""
+        if not self.rx_holds:
+            self.counters["ib_recv_hold"] += 1
+            log.info("%r: a receiving socket is over its cap; no buffer reposted until it drains", self)
+        self.rx_holds.add(sock)
+
+    def release_receive(self, sock: tuple[Any, int]) -> None:
+        """``sock`` drained to half its cap or closed: once no socket holds the connection, refill the
+        ring."""
+        if sock not in self.rx_holds:
+            return
+        self.rx_holds.discard(sock)
+        if not self.rx_holds:
+            self.counters["ib_recv_hold_released"] += 1
+            self._pump()
 
     def _post_rdma(self, wr: SendWR) -> None:
         """``rds_ib_xmit_rdma``: the op's local bytes in a registered bounce buffer (the client's memory is

@@ -10,10 +10,14 @@ says so. The nodes' engine events become :class:`~pyrds.userspace.stack.transpor
 TCP transport makes them: messages are delivered, the peer's acks release the sent messages, a peer's
 congestion map replaces ours.
 
+A receiving socket over its receive cap (``Stack.deliver`` says so; counted in ``ib_recv_over_cap``) holds
+the connection the message came on: its receive ring is not refilled until the socket drained to half its
+cap or closed, so the peer's sends stall in RC's RNR retries instead of queueing in the service
+(:meth:`~.driver.IbConnection.hold_receive`; the RDS/TCP path stops reading its socket the same way).
+
 Not done (yet): IPv6 link-local addresses (the kernel binds them with the socket's scope id; here the address
-check refuses them, so such a bind gets the errno of an address without an RDMA device); holding a
-connection while a receiving socket is over its cap (the message is queued all the same and counted in
-``ib_recv_over_cap``); one connection per peer, TOS 0.
+check refuses them, so such a bind gets the errno of an address without an RDMA device); one connection per
+peer, TOS 0.
 
 RDS_CANCEL_SENT_TO (and close) take a socket's unacked messages off their connection as
 ``rds_send_drop_to`` does (:meth:`IbTransport.cancel`): one still queued is never sent, one sent and unacked
@@ -213,6 +217,7 @@ class IbTransport:
                         _rdma_exthdrs(inc, h.exthdr)
                     if not host.deliver(inc):
                         host.counters["ib_recv_over_cap"] += 1
+                        self._hold(laddr, peer, h.dport)
                 case RdmaCompleted(op=op, status=status, data=data):
                     host.rdma_complete(op, status, data)
                 case CongMapReceived(map=cmap):
@@ -223,6 +228,21 @@ class IbTransport:
                     self._release(laddr, peer, (m.seq for m in flushed))
                 case NpathsNegotiated() | PongReceived() | CongMapDropped():
                     pass  # one path; a map of the wrong length is ignored
+
+    def _hold(self, laddr: IPAddress, peer: IPAddress, dport: int) -> None:
+        """The socket at (``laddr``, ``dport``) went over its receive cap with a message from ``peer``: it
+        holds that connection (:meth:`IbConnection.hold_receive`) until it drained to half its cap or closed
+        (``Stack.hold_reader`` calls the release then, once). A socket holds a connection once, however many
+        of the frames posted before the hold still arrive for it."""
+        node = self.nodes.get(laddr)
+        conn = node.conns.get(peer) if node is not None else None
+        if conn is None or conn.state == ConnState.CLOSED:
+            return
+        sock = (laddr, dport)
+        if sock in conn.rx_holds:
+            return
+        if self.host.hold_reader(laddr, dport, id(conn), lambda: conn.release_receive(sock)):
+            conn.hold_receive(sock)
 
     def _release(self, laddr: IPAddress, peer: IPAddress, seqs: Iterable[int]) -> None:
         pending = self.pending.get((laddr, peer))

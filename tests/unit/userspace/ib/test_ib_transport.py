@@ -17,10 +17,11 @@ from ib_fakeverbs import Clock, FakeFabric, FakeLoop
 from pyrds.constants import SOL_RDS, InfoConnectionFlag, InfoType, SockOpt
 from pyrds.constants import Transport as TransportType
 from pyrds.userspace.config import StackConfig
-from pyrds.userspace.stack import info_tables
+from pyrds.userspace.stack import core, info_tables
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.errors import StackError
 from pyrds.userspace.stack.outbox import Outbox
+from pyrds.userspace.stack.resources import RECV_MSG_OVERHEAD
 from pyrds.userspace.stack.sockopts import getsockopt, setsockopt
 from pyrds.userspace.stack.sockstate import SockState
 from pyrds.userspace.stack.transport import select_transport
@@ -423,3 +424,61 @@ def test_kernel_holding_16385_leaves_an_ipv6_node_active_only(caplog: pytest.Log
     pair.a.sendmsg(sa, b"hello", [], 0, (ipaddress.IPv6Address(B6), 5000), True)
     pair.loop.run()
     assert recv_all(pair.b, sb) == [(b"hello", (A6, 4000))]
+
+
+# -- receive cap ---------------------------------------------------------------------------------------------
+#: charged bytes (payload + RECV_MSG_OVERHEAD each) a socket queues before it is over its cap
+HOLD_CAP = 20_000
+
+
+def test_a_receiver_over_its_cap_holds_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """B's socket never reads: once it is over its cap, B's end of the connection reposts no receive buffer,
+    so A's sends stall in RNR retries (the fake fabric keeps them on the wire) instead of queueing in B's
+    stack; reading the queue down releases the hold and every message arrives, in order, exactly once."""
+    monkeypatch.setattr(core, "recv_cap", lambda rcvbuf: HOLD_CAP)
+    pair = Pair()
+    sa = ib_socket(pair.a, A, 4000)
+    sb = ib_socket(pair.b, B, 5000)
+    count, size = 100, 1000
+    for i in range(count):
+        pair.a.sendmsg(sa, payload(size, i), [], 0, (ip(B), 5000), True)
+    pair.loop.run()
+    conn = pair.ib_b.nodes[ip(B)].conns[ip(A)]
+    held = len(sb.recv_queue)
+    # over the cap after HOLD_CAP / (size + 256) messages; at most the ring's buffers posted before more
+    first_over = HOLD_CAP // (size + RECV_MSG_OVERHEAD)
+    assert first_over <= held <= first_over + 1 + SMALL["recv_wr"]
+    assert conn.rx_holds == {(ip(B), 5000)}
+    assert pair.b.counters["recv_cap_hold"] == 1  # one hold, however many frames arrived over the cap
+    assert conn.counters["ib_recv_hold"] == 1
+    got: list[bytes] = []
+    for _ in range(count):
+        got += [d for d, _ in recv_all(pair.b, sb)]
+        pair.loop.run()
+        if len(got) == count:
+            break
+    assert got == [payload(size, i) for i in range(count)]
+    assert not conn.rx_holds and conn.counters["ib_recv_hold_released"] >= 1
+    assert conn.state.value == "up"
+
+
+def test_closing_a_held_receiver_releases_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hold ends when the socket over its cap closes; messages to another socket on that connection then
+    flow again."""
+    monkeypatch.setattr(core, "recv_cap", lambda rcvbuf: HOLD_CAP)
+    pair = Pair()
+    sa = ib_socket(pair.a, A, 4000)
+    sb = ib_socket(pair.b, B, 5000)
+    sb2 = ib_socket(pair.b, B, 5001)
+    for i in range(60):
+        pair.a.sendmsg(sa, payload(1000, i), [], 0, (ip(B), 5000), True)
+    pair.loop.run()
+    conn = pair.ib_b.nodes[ip(B)].conns[ip(A)]
+    assert conn.rx_holds
+    pair.a.sendmsg(sa, b"to the other socket", [], 0, (ip(B), 5001), True)
+    pair.loop.run()
+    assert recv_all(pair.b, sb2) == []  # behind the held ring
+    pair.b.close(sb)
+    pair.loop.run()
+    assert not conn.rx_holds
+    assert recv_all(pair.b, sb2) == [(b"to the other socket", (A, 4000))]
