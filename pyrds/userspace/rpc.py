@@ -102,8 +102,10 @@ PUSH_HDR = struct.Struct("<IHIBB16s")
 #: them before the readiness fd or any reply shows the change: a client that read ``n`` messages from its
 #: channel knows the queue holds ``queued - served - n``, though its notices are not taken yet.
 #: For posted sends: at :data:`PAGE_RELEASED_AT` how many bytes ever left the socket's send buffer (acked,
-#: cancelled), at :data:`PAGE_SNDBUF_AT` the send buffer the grant was made for, at :data:`PAGE_EPOCH_AT` the
-#: post epoch (a grant is void once it differs from the one the SEND reply gave).
+#: cancelled), at :data:`PAGE_EMPTY_RELEASED_AT` how many empty messages ever left it (the stack holds at
+#: most the send buffer's size of them in flight), at :data:`PAGE_SNDBUF_AT` the send buffer the grant was
+#: made for, at :data:`PAGE_EPOCH_AT` the post epoch (a grant is void once it differs from the one the SEND
+#: reply gave). The stack writes the epoch last.
 SHARED_PAGE = 4096
 PAGE_COUNT = struct.Struct("<Q")
 PAGE_QUEUED_AT = 8
@@ -111,6 +113,7 @@ PAGE_SERVED_AT = 16
 PAGE_RELEASED_AT = 24
 PAGE_SNDBUF_AT = 32
 PAGE_EPOCH_AT = 40
+PAGE_EMPTY_RELEASED_AT = 48
 #: reply code of a RECV request: messages were pushed since the client looked; read the data channel first
 RETRY_PUSHED = 100001
 

@@ -161,9 +161,11 @@ class RDSSocket(RDSSocketBase):
             self._page = mmap.mmap(fds[2], rpc.SHARED_PAGE, mmap.MAP_SHARED, mmap.PROT_READ)
             #: messages read from the data channel (with the page's counts: what the stack's queue holds)
             self._pushed_read = 0
-            #: bytes of every send the stack took (with the page's released count: its send buffer), and
-            #: the grant to post sends without waiting (service/posting.py): destination and epoch
+            #: bytes and empty messages of every send the stack took (with the page's released counts: its
+            #: send buffer), and the grant to post sends without waiting (service/posting.py): destination
+            #: and epoch
             self._snd_taken = 0
+            self._snd_empty_taken = 0
             self._post_dest: tuple[bytes, int] | None = None
             self._post_epoch = -1
             os.close(fds.pop())
@@ -225,13 +227,16 @@ class RDSSocket(RDSSocketBase):
             if code:
                 _raise(code, None)
             self._snd_taken += n
+            if n == 0:
+                self._snd_empty_taken += 1
             if grant >= 0:
                 self._post_dest, self._post_epoch = dest, grant
         return int(n)
 
     def _post(self, buffers: list[rpc.Buffer], flags: int, dest: Any, size: int) -> bool:
         """Send without waiting, under the grant for ``dest`` (service/posting.py); False when the grant is
-        void or the send buffer may be full (the caller asks the stack, which answers exactly)."""
+        void or the send buffer may be full, in bytes or (an empty message) in empty messages in flight (the
+        caller asks the stack, which answers exactly)."""
         with self._lock:
             page = self._page
             if dest != self._post_dest:
@@ -242,6 +247,10 @@ class RDSSocket(RDSSocketBase):
             released = _PAGE_COUNT.unpack_from(page, rpc.PAGE_RELEASED_AT)[0]
             if size > sndbuf or self._snd_taken - released >= sndbuf:
                 return False  # EMSGSIZE, or perhaps EAGAIN: the stack's own answer
+            if size == 0:
+                released_empty = _PAGE_COUNT.unpack_from(page, rpc.PAGE_EMPTY_RELEASED_AT)[0]
+                if self._snd_empty_taken - released_empty >= sndbuf:
+                    return False  # perhaps EAGAIN: the stack's own answer
             ctl = self._ctl
             if ctl is None:
                 return False
@@ -252,6 +261,8 @@ class RDSSocket(RDSSocketBase):
             except OSError:
                 raise os_error(errno.EPIPE, "the pyrds stack service went away") from None
             self._snd_taken += size
+            if size == 0:
+                self._snd_empty_taken += 1
         return True
 
     def _recv_once(

@@ -105,11 +105,12 @@ class DataChannel:
             rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_SERVED_AT, served)
             rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_QUEUED_AT, queued)
 
-    def publish_send(self, released: int, sndbuf: int, epoch: int) -> None:
-        """What a posting client checks (:mod:`pyrds.userspace.service.posting`): bytes ever released from
-        the send buffer, the send buffer, then the post epoch last."""
+    def publish_send(self, released: int, released_empty: int, sndbuf: int, epoch: int) -> None:
+        """What a posting client checks (:mod:`pyrds.userspace.service.posting`): bytes and empty messages
+        ever released from the send buffer, the send buffer, then the post epoch last."""
         if self.page is not None:
             rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_RELEASED_AT, released)
+            rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_EMPTY_RELEASED_AT, released_empty)
             rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_SNDBUF_AT, sndbuf)
             rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_EPOCH_AT, epoch)
 

@@ -13,17 +13,21 @@ for the stack's reply:
 - While the epoch on the socket's shared page is still the granted one, the client sends further plain
   messages (no ancillary data, flags 0 or MSG_DONTWAIT) to that same destination as ``POST`` notices and
   returns at once, when its own account of the send buffer has room: the bytes it ever sent, less the bytes
-  the page says ever left the buffer, are below the buffer the grant was made for (that count only
-  overstates what the buffer holds). Otherwise it sends a SEND and waits, and gets the kernel's exact answer.
+  the page says ever left the buffer, are below the buffer the grant was made for; for an empty message
+  also the empty messages it ever sent, less those the page says ever left, are below that buffer (the
+  stack holds at most that many empty messages in flight, :meth:`SockState.send_full`: the kernel, whose
+  byte count they do not move, queues them without limit). Both counts only overstate what the socket
+  holds. Otherwise it sends a SEND and waits, and gets the stack's exact answer (the kernel's, but for an
+  empty message beyond that cap: EAGAIN, or a wait for POLLOUT).
 - The stack voids grants by moving the epoch: a congestion map update from the destination's peer, any
   setsockopt, connect. A post the client made before it saw the new epoch is still taken, as a send the
   kernel checked before the map update arrived.
 
 The stack still checks every post (:meth:`Stack.sendmsg` with ``posted``): a post outside its grant (another
-destination, a send buffer the client let overflow) is refused and counted (``send_post_refused``); only the
-client that broke the rules loses its message. Posts cross the control connection in order with the
-client's requests, so whatever the client asks next sees them; requests of other clients first take the
-posts already sent (``Service._settle``).
+destination, a send buffer or empty-message count the client let overflow) is refused and counted
+(``send_post_refused``); only the client that broke the rules loses its message. Posts cross the control
+connection in order with the client's requests, so whatever the client asks next sees them; requests of
+other clients first take the posts already sent (``Service._settle``).
 """
 
 from __future__ import annotations

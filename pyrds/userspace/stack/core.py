@@ -312,7 +312,7 @@ class Stack:
         if nonblock is False and flags & MSG_DONTWAIT:
             nonblock = True
         if posted:
-            if (daddr, dport) != rs.grant_dest or rs.snd_bytes >= rs.grant_sndbuf:
+            if (daddr, dport) != rs.grant_dest or not _post_fits(rs, plen):
                 raise StackError(errno.EPERM)
         elif self.cong.test(daddr, dport):
             if not nonblock:
@@ -325,6 +325,12 @@ class Stack:
             raise StackError(errno.ENOBUFS)
         elif rs.snd_bytes >= rs.rds_sndbuf:
             self.counters["send_queue_full"] += 1
+            raise StackError(errno.EAGAIN)
+        elif plen == 0 and rs.snd_empty >= rs.rds_sndbuf:
+            # beyond the kernel, which queues empty messages without limit (they add no bytes): an empty
+            # message finds the buffer full once rds_sndbuf of them are in flight (EAGAIN; a blocking
+            # client waits for POLLOUT, off meanwhile: SockState.send_full)
+            self.counters["send_queue_msgs_full"] += 1
             raise StackError(errno.EAGAIN)
         transport = self._transport_for(daddr, rs.transport)
         if transport is None:
@@ -345,6 +351,8 @@ class Stack:
             sent_rdma = self._rdma_cmsgs(rs, anc, plan, transport, daddr)
             msg.rdma, msg.rdma_cookie = sent_rdma.op, sent_rdma.cookie
         rs.snd_bytes += plen
+        if plen == 0:
+            rs.snd_empty += 1
         rs.sent_any = True
         rs.sent[id(msg)] = msg
         self.counters["send_queued"] += 1
@@ -449,9 +457,14 @@ class Stack:
         rs.update_readiness()
 
     def _release(self, rs: SockState, nbytes: int) -> None:
-        """``nbytes`` leave the socket's send buffer (published for a posting client)."""
+        """One message of ``nbytes`` left ``rs.sent``: its bytes leave the socket's send buffer, and an empty
+        one the count of empty messages in flight (both published for a posting client). Called once per
+        message."""
         rs.snd_bytes -= nbytes
         rs.snd_released += nbytes
+        if nbytes == 0:
+            rs.snd_empty -= 1
+            rs.snd_empty_released += 1
         if rs.grant_epoch >= 0:
             rs.publish_send()
 
@@ -505,12 +518,12 @@ class Stack:
         rs.update_readiness()
 
     def acks_awaited(self, msg: Outgoing) -> bool:
-        """StackHost.acks_awaited: a zerocopy completion, or a send buffer half full or more (a sender may
-        find it full, or waits on POLLOUT, until acks release it)."""
+        """StackHost.acks_awaited: a zerocopy completion, or a send buffer half full or more, in bytes or in
+        empty messages (a sender may find it full, or waits on POLLOUT, until acks release it)."""
         if msg.zcookie is not None:
             return True
         rs = self.socks.get(msg.sock_id)
-        return rs is not None and rs.snd_bytes * 2 >= rs.rds_sndbuf
+        return rs is not None and max(rs.snd_bytes, rs.snd_empty) * 2 >= rs.rds_sndbuf
 
     def cancel_sent_to(self, rs: SockState, daddr: IPAddress, dport: int) -> None:
         """``rds_send_drop_to``: every unacked message of ``rs`` to ``daddr``:``dport`` leaves the socket (its
@@ -730,6 +743,14 @@ class Stack:
             self.push_ready(rs)
         rs.update_readiness()
         return data, out.items, msg_flags | out.msg_flags, (str(inc.saddr), inc.sport, rs.scope_id)
+
+
+def _post_fits(rs: SockState, plen: int) -> bool:
+    """A posted send of ``plen`` bytes is within its grant's send buffer, as the client must have checked it
+    (service/posting.py): bytes below the buffer, and for an empty message also the empty ones in flight."""
+    if rs.snd_bytes >= rs.grant_sndbuf:
+        return False
+    return plen > 0 or rs.snd_empty < rs.grant_sndbuf
 
 
 def _recverr_notifies(op: rdma.RdmaOp, status: int) -> bool:

@@ -37,7 +37,7 @@ class PushSink(Protocol):
     def push(self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool) -> bool: ...
     def set_sync(self, flag: bool) -> None: ...
     def publish_counts(self, queued: int, served: int) -> None: ...
-    def publish_send(self, released: int, sndbuf: int, epoch: int) -> None: ...
+    def publish_send(self, released: int, released_empty: int, sndbuf: int, epoch: int) -> None: ...
     def close(self) -> None: ...
 
 
@@ -116,6 +116,8 @@ class SockState:
     congested: bool = False
     snd_bytes: int = 0
     sent: dict[int, Outgoing] = field(default_factory=dict)  # id(Outgoing) -> message, until acked
+    #: how many of ``sent`` are empty (no payload bytes): capped at ``rds_sndbuf`` (:meth:`send_full`)
+    snd_empty: int = 0
     cong_monitor: bool = False
     cong_mask: int = 0
     cong_notify: int = 0
@@ -138,8 +140,10 @@ class SockState:
     #: client on its page: it then knows what the queue holds before its notices are taken)
     queued_total: int = 0
     served_total: int = 0
-    #: bytes that ever left ``snd_bytes`` (acked, cancelled): with what the client sent, its send buffer
+    #: bytes that ever left ``snd_bytes`` (acked, cancelled): with what the client sent, its send buffer;
+    #: and the empty messages that ever left ``sent``: with those the client sent, its empty ones in flight
     snd_released: int = 0
+    snd_empty_released: int = 0
     #: posted sends (service/posting.py): the socket's post epoch (moved to void a grant); the last grant:
     #: its epoch (-1: none; live while it equals ``post_epoch``), destination and send buffer. Kept once
     #: void: posts the client made before it saw the new epoch come after, and are taken under it
@@ -163,6 +167,12 @@ class SockState:
     @property
     def rds_rcvbuf(self) -> int:
         return self.rcvbuf // 2
+
+    def send_full(self) -> bool:
+        """The send buffer has no room: ``rs_snd_bytes >= rds_sk_sndbuf(rs)`` (``rds_send_queue_rm``), or,
+        beyond the kernel, ``rds_sndbuf`` empty messages in flight (they add no bytes, so the kernel queues
+        them without limit; each holds memory here)."""
+        return self.snd_bytes >= self.rds_sndbuf or self.snd_empty >= self.rds_sndbuf
 
     def add_zcookie(self, cookie: int) -> None:
         """rds_zcookie_add: append to the last completion entry while it has room."""
@@ -207,9 +217,12 @@ class SockState:
             self.push.publish_counts(self.queued_total, self.served_total)
 
     def publish_send(self) -> None:
-        """What a posting client checks on its page: released bytes, the grant's buffer, the epoch."""
+        """What a posting client checks on its page: released bytes and empty messages, the grant's buffer,
+        the epoch."""
         if self.push is not None:
-            self.push.publish_send(self.snd_released, self.grant_sndbuf, self.post_epoch)
+            self.push.publish_send(
+                self.snd_released, self.snd_empty_released, self.grant_sndbuf, self.post_epoch
+            )
 
     def resync_readiness(self) -> None:
         """The client emptied the readiness fd after reading the tail of the queue: make it true again."""
@@ -225,6 +238,6 @@ class SockState:
         readable = self.has_input() or self.hist_pollin()
         if readable != r.readable:
             r.set_readable(readable)
-        writable = self.snd_bytes < self.rds_sndbuf
+        writable = not self.send_full()  # rds_poll: POLLOUT while rs_snd_bytes < rds_sk_sndbuf(rs)
         if writable != r.writable:
             r.set_writable(writable)

@@ -5,16 +5,24 @@ account cannot promise one (a full send buffer, a congestion map update, an opti
 from __future__ import annotations
 
 import errno
+import ipaddress
+import select
 import socket
 from typing import Any
 
 import pytest
 
+from pyrds.constants import SOL_RDS, SockOpt
 from pyrds.userspace.control import stack_counters
 
 pytestmark = pytest.mark.netns
 
 COUNT = 400
+
+
+def _sockaddr_in(host: str, port: int) -> bytes:
+    packed = ipaddress.ip_address(host).packed
+    return socket.AF_INET.to_bytes(2, "little") + port.to_bytes(2, "big") + packed + bytes(8)
 
 
 def _send_retrying(a: Any, payload: bytes, dest: Any) -> None:
@@ -73,3 +81,31 @@ def test_a_full_send_buffer_still_says_eagain(userspace_netns_pair: Any) -> None
     # posted, but for a send made after a map update from B voided the grant (the connection's first)
     assert after["send_posted"] - before["send_posted"] >= 1, "no send was posted"
     assert after["send_post_refused"] == 0
+
+
+def test_empty_posts_stop_at_the_stacks_cap_with_eagain(userspace_netns_pair: Any) -> None:
+    """Empty messages add no bytes, so the byte account alone would let the client post them forever; the
+    stack holds at most rds_sndbuf of them in flight (docs/userspace.md, "Bounded resources"). The client
+    counts them too: past the cap it asks the stack and gets EAGAIN, and no post is refused (none lost)."""
+    a, _b = userspace_netns_pair.bound_pair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # the minimum: sndbuf 4608
+    rds_sndbuf = int(a.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)) // 2
+    assert rds_sndbuf == 2304
+    # an address of A's subnet nobody has: the stack's dial never connects, nothing is ever acked
+    nobody = (userspace_netns_pair.a.addr4.rsplit(".", 1)[0] + ".77", 4000)
+    before = stack_counters(a)
+    sent = 0
+    with pytest.raises(OSError) as exc:
+        for _ in range(rds_sndbuf + 10):
+            a.sendto(b"", socket.MSG_DONTWAIT, nobody)
+            sent += 1
+    assert exc.value.errno == errno.EAGAIN
+    assert sent == rds_sndbuf
+    assert not a.poll(select.POLLOUT) & select.POLLOUT
+    after = stack_counters(a)
+    assert after["send_posted"] - before["send_posted"] >= rds_sndbuf // 2, "the sends were not posted"
+    assert after["send_queue_msgs_full"] - before["send_queue_msgs_full"] == 1
+    assert after["send_post_refused"] == 0
+    a.setsockopt(SOL_RDS, SockOpt.RDS_CANCEL_SENT_TO, _sockaddr_in(*nobody))
+    assert a.poll(select.POLLOUT) & select.POLLOUT
+    assert a.sendto(b"", socket.MSG_DONTWAIT, nobody) == 0
