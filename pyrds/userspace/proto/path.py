@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Collection, Set
 from dataclasses import dataclass
 
 from pyrds.constants import (
@@ -391,19 +392,31 @@ class PathEngine:
             done.append(self._release(self._send_queue.popleft()))
         return done
 
-    def cancel(self, seq: int) -> AckedMessage | None:
-        """``rds_send_drop_to`` for one message: take the message with sequence ``seq`` off this path, from
-        the retransmit queue (written, never retransmitted after a reconnect) or the send queue (never sent),
-        and release its bytes and pong; returns what was released, None when the path holds no such message
-        (acked or flushed already). Bytes already handed to the transport still go out (the kernel's xmit
-        holds its own reference to the message). The sequence number is not reused: the peer sees a gap,
-        which ``rds_recv_incoming`` accepts."""
-        for queue in (self._written, self._send_queue):
-            for i, msg in enumerate(queue):
-                if msg.header.sequence == seq:
-                    del queue[i]
-                    return self._release(msg)
-        return None
+    def cancel_many(self, seqs: Collection[int]) -> list[AckedMessage]:
+        """``rds_send_drop_to``: take the messages with these sequence numbers off this path, from the
+        retransmit queue (written, never retransmitted after a reconnect) or the send queue (never sent),
+        and release their bytes and pongs; returns what was released (retransmit queue first, each queue in
+        its order). A sequence number the path holds no message of (acked or flushed already) is ignored.
+        One pass over each queue, whatever the number of messages: the others keep their order. Bytes
+        already handed to the transport still go out (the kernel's xmit holds its own reference to the
+        message). The sequence numbers are not reused: the peer sees gaps, which ``rds_recv_incoming``
+        accepts."""
+        wanted = seqs if isinstance(seqs, (set, frozenset)) else set(seqs)
+        released: list[AckedMessage] = []
+        if wanted:
+            self._written = self._without(self._written, wanted, released)
+            self._send_queue = self._without(self._send_queue, wanted, released)
+        return released
+
+    def _without(self, queue: deque[_Out], wanted: Set[int], released: list[AckedMessage]) -> deque[_Out]:
+        """``queue`` without the messages whose sequence is in ``wanted`` (released onto ``released``)."""
+        kept: deque[_Out] = deque()
+        for msg in queue:
+            if msg.header.sequence in wanted:
+                released.append(self._release(msg))
+            else:
+                kept.append(msg)
+        return kept
 
     # -- connection life cycle ----------------------------------------------------------------------------
     def connecting(self, now: float) -> None:

@@ -160,8 +160,7 @@ class Stack:
         rs.rcv_charge = 0
         self._resume_readers(rs)
         self.cong.remove_socket(rs)
-        for msg in list(rs.sent.values()):
-            self._cancel(msg)
+        self._cancel(list(rs.sent.values()))  # rds_send_drop_to(rs, NULL)
         rs.sent.clear()
         for key in list(rs.mrs):  # rds_rdma_drop_keys
             rdma.drop_mr(rs.mrs, key)
@@ -449,7 +448,7 @@ class Stack:
     def transmit_failed(self, msg: Outgoing) -> None:
         """A transport raised instead of taking ``msg`` (a bug, logged by the caller): forget the message and
         release its send-buffer bytes, so the socket's buffer never fills with messages nobody will send."""
-        self._cancel(msg)
+        self._cancel([msg])
         rs = self.socks.get(msg.sock_id)
         if rs is None or rs.sent.pop(id(msg), None) is None:
             return
@@ -531,19 +530,24 @@ class Stack:
         NOTIFY_ME and was not notified yet gets RDS_RDMA_CANCELED (``__rds_send_complete``), once: a later
         completion of the op notifies nothing (:meth:`rdma_complete`)."""
         daddr = normalize(daddr)
+        cancelled: list[Outgoing] = []
         for key, msg in list(rs.sent.items()):
             if msg.daddr == daddr and msg.dport == dport:
                 del rs.sent[key]
                 self._release(rs, len(msg.payload))
                 self.counters["send_canceled"] += 1
-                self._cancel(msg)
+                cancelled.append(msg)
                 if msg.rdma is not None and msg.rdma.notify:
                     _notify_once(rs, msg.rdma, RdmaStatus.CANCELED)
+        self._cancel(cancelled)
         rs.update_readiness()
 
-    def _cancel(self, msg: Outgoing) -> None:
+    def _cancel(self, msgs: Sequence[Outgoing]) -> None:
+        """``msgs`` leave their connections (:meth:`Transport.cancel`): one call per transport for all."""
+        if not msgs:
+            return
         for transport in self.transports:
-            transport.cancel(msg)
+            transport.cancel(msgs)
 
     def deliver(self, inc: Incoming) -> bool:
         """rds_recv_incoming after sequence checks: pings, lookup, queueing, congestion accounting.

@@ -15,7 +15,7 @@ Adding a transport (RDS/IB, say) means a package under ``pyrds/userspace/transpo
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from pyrds.addr import IPAddress
@@ -203,9 +203,11 @@ class Transport(Protocol):
     def uncork(self) -> None:
         """Write what :meth:`transmit` queued since :meth:`cork`."""
 
-    def cancel(self, msg: Outgoing) -> None:
-        """The sender no longer waits for ``msg`` (RDS_CANCEL_SENT_TO, close): drop it if it is not on the
-        wire yet, stop accounting it otherwise."""
+    def cancel(self, msgs: Sequence[Outgoing]) -> None:
+        """The sender no longer waits for ``msgs`` (RDS_CANCEL_SENT_TO, close: ``rds_send_drop_to``): drop
+        each one that is not on the wire yet, stop accounting the others; messages this transport never
+        took are ignored. All of a close's or a cancel's messages come in one call, and the work must grow
+        with their number and the transport's queues, not with their product (a socket may hold ~100k)."""
 
     def cong_map_changed(self, laddr: IPAddress) -> None:
         """The local map of ``laddr`` changed: tell every peer connected from ``laddr``."""

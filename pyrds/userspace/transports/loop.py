@@ -10,7 +10,7 @@ that a loop connection uses.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pyrds.addr import IPAddress
@@ -81,7 +81,7 @@ class LoopTransport:
             self.host.cong_updated(ALL_PORTS)
         return conn
 
-    def cancel(self, msg: Outgoing) -> None:
+    def cancel(self, msgs: Sequence[Outgoing]) -> None:
         pass  # nothing waits: every message was delivered when it was sent
 
     def cong_map_changed(self, laddr: IPAddress) -> None:

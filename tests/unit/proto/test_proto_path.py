@@ -495,13 +495,13 @@ def test_cancel_takes_queued_and_written_messages_off_the_path() -> None:
     s3 = a.queue(0, 9, b"")  # a pong
     s4 = a.queue(1, 2, b"four")
     assert a.queued_bytes == 10 and a.queued_pongs == 1
-    written = a.cancel(s1)
-    assert written is not None and (written.seq, written.length) == (s1, 3)
+    [written] = a.cancel_many({s1})
+    assert (written.seq, written.length) == (s1, 3)
     assert a.queued_bytes == 7
-    released = a.cancel(s3)
-    assert released is not None and (released.seq, released.sport, released.dport) == (s3, 0, 9)
+    [released] = a.cancel_many({s3})
+    assert (released.seq, released.sport, released.dport) == (s3, 0, 9)
     assert a.queued_pongs == 0
-    assert a.cancel(s3) is None and a.cancel(999) is None
+    assert a.cancel_many({s3}) == [] and a.cancel_many({999}) == []
     assert [r.seq for r in a.unacked] == [] and [r.seq for r in a.unsent] == [s2, s4]
     a.connection_lost(clock.tick())
     b.connection_lost(clock.tick())
@@ -518,6 +518,58 @@ def test_cancel_of_a_written_message_keeps_byte_acks_right() -> None:
     a, _b, _clock = pair()
     seqs = [a.queue(1, 2, bytes([i]) * 10) for i in range(3)]
     a.buffers_to_send()
-    assert a.cancel(seqs[1]) is not None
+    assert len(a.cancel_many({seqs[1]})) == 1
     assert [m.seq for m in a.acked_through(a.tx_bytes)] == [seqs[0], seqs[2]]
     assert a.queued_bytes == 0
+
+
+def test_cancel_many_releases_exactly_the_given_messages_from_both_queues() -> None:
+    """One call takes several messages off the retransmit queue (written) and the send queue (never
+    written), returns them (retransmit queue first, each in order) with their bytes and pongs released as
+    an ack would, ignores sequence numbers the path does not hold, and leaves the rest in order."""
+    a, b, clock = pair()
+    written = [a.queue(1, 2, bytes([65 + i]) * (i + 1)) for i in range(4)]
+    a.feed(RDSHeader(1, 0, 0, 9, 0, 0, 0, 0, ()).encode(), clock.tick())  # a ping from port 9: a pong
+    pong = written[-1] + 1
+    a.buffers_to_send()  # all five written, none acked
+    unsent = [a.queue(1, 2, bytes([97 + i]) * 10) for i in range(4)]
+    assert a.queued_msgs == 9 and a.queued_bytes == 50 and a.queued_pongs == 1
+    gone = a.cancel_many([unsent[2], written[3], 12345, pong, written[1], unsent[0]])
+    assert [(m.seq, m.length, m.sport) for m in gone] == [
+        (written[1], 2, 1),
+        (written[3], 4, 1),
+        (pong, 0, 0),
+        (unsent[0], 10, 1),
+        (unsent[2], 10, 1),
+    ]
+    assert a.queued_msgs == 4 and a.queued_bytes == 50 - 6 - 20 and a.queued_pongs == 0
+    assert [r.seq for r in a.unacked] == [written[0], written[2]]
+    assert [r.seq for r in a.unsent] == [unsent[1], unsent[3]]
+    assert a.cancel_many({written[1], written[3], pong, unsent[0], 0}) == [] and a.queued_msgs == 4
+    a.connection_lost(clock.tick())
+    b.connection_lost(clock.tick())
+    a.connection_made(clock.tick())
+    b.connection_made(clock.tick())
+    assert delivered(pump(a, b, clock)) == [b"A", b"CCC", b"b" * 10, b"d" * 10]
+    assert a.queued_msgs == 0 and a.queued_bytes == 0
+
+
+def test_cancel_many_keeps_the_others_and_their_byte_acks() -> None:
+    """What stays after a cancel is sent, retransmitted after a reconnect and released by TCP's acks as if
+    the cancelled messages had never been queued; a requeued retransmission can be cancelled too."""
+    a, b, clock = pair()
+    seqs = [a.queue(1, 2, bytes([65 + i]) * 10) for i in range(6)]
+    a.buffers_to_send()
+    released = a.cancel_many({seqs[1], seqs[4]})
+    assert [m.seq for m in released] == [seqs[1], seqs[4]]
+    a.connection_lost(clock.tick())
+    b.connection_lost(clock.tick())
+    a.connection_made(clock.tick())  # seqs 0, 2, 3, 5 requeued as retransmissions
+    b.connection_made(clock.tick())
+    assert [r.seq for r in a.unacked] == [seqs[0], seqs[2], seqs[3], seqs[5]]
+    assert [m.seq for m in a.cancel_many({seqs[3], seqs[4]})] == [seqs[3]]
+    events = pump(a, b, clock)
+    got = [(e.header.sequence, e.payload[:1]) for e in events if isinstance(e, MessageReceived)]
+    assert got == [(seqs[0], b"A"), (seqs[2], b"C"), (seqs[5], b"F")]
+    assert all(e.header.flags & HeaderFlag.RETRANSMITTED for e in events if isinstance(e, MessageReceived))
+    assert a.queued_msgs == 0 and a.queued_bytes == 0 and a.cancel_many(set()) == []

@@ -303,8 +303,8 @@ def test_cancel_takes_a_message_out_of_the_engine_not_only_the_staging_queue() -
     for m in msgs[1:]:
         path.queue(m, kick=False)
     assert not path.staged and path.engine.queued_msgs == 4
-    path.cancel(msgs[0])
-    path.cancel(msgs[2])
+    path.cancel_many([msgs[0]])
+    path.cancel_many([msgs[2]])
     assert path.engine.queued_msgs == 2 and path.engine.queued_bytes == 16
     assert [r.seq for r in path.engine.unsent] == [msgs[1].seq, msgs[3].seq] and path.engine.unacked == []
     path.engine.connection_lost(time.monotonic())

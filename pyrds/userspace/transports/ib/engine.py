@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -325,14 +326,14 @@ class IbEngine:
             self._rdma[seq] = rdma
         return seq
 
-    def cancel(self, seq: int) -> AckedMessage | None:
-        """``rds_send_drop_to`` for the message ``seq``: off the send queue (never posted) or the
-        retransmit queue (never retransmitted), its RDMA op forgotten so it is not posted. Fragments of it
-        posted already (the message being posted now, ``cp_xmit_rm``) still go out, as the kernel's xmit
-        keeps its own reference. Returns what the path released, None when it holds no such message."""
-        released = self.path.cancel(seq)
-        if released is not None:
-            self._rdma.pop(seq, None)
+    def cancel_many(self, seqs: Collection[int]) -> list[AckedMessage]:
+        """``rds_send_drop_to`` for the messages ``seqs``: off the send queue (never posted) or the
+        retransmit queue (never retransmitted), their RDMA ops forgotten so they are not posted
+        (:meth:`PathEngine.cancel_many`: one pass, unknown sequence numbers ignored). Fragments of one posted
+        already (the message being posted now, ``cp_xmit_rm``) still go out, as the kernel's xmit keeps its
+        own reference. Returns what the path released."""
+        released = self.path.cancel_many(seqs)
+        self._forget_rdma(released)
         return released
 
     def _forget_rdma(self, acked: list[Any]) -> None:

@@ -20,8 +20,9 @@ check refuses them, so such a bind gets the errno of an address without an RDMA 
 peer, TOS 0.
 
 RDS_CANCEL_SENT_TO (and close) take a socket's unacked messages off their connection as
-``rds_send_drop_to`` does (:meth:`IbTransport.cancel`): one still queued is never sent, one sent and unacked
-is not retransmitted after a reconnect, and its RDMA op is not posted; fragments already posted complete.
+``rds_send_drop_to`` does (:meth:`IbTransport.cancel`, all of them in one pass over each connection): one
+still queued is never sent, one sent and unacked is not retransmitted after a reconnect, and its RDMA op is
+not posted; fragments already posted complete.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import logging
 import struct
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from pyrds.addr import IPAddress
 from pyrds.constants import ExtHeaderType, InfoConnectionFlag
@@ -310,21 +311,29 @@ class IbTransport:
             if node is not None:
                 node.connect(faddr)  # posts on the connection, or dials
 
-    def cancel(self, msg: Outgoing) -> None:
-        """``rds_send_drop_to`` (RDS_CANCEL_SENT_TO, close): ``msg`` leaves its connection's send queue (never
-        sent) or retransmit queue (never sent again), its RDMA op is not posted (:meth:`IbEngine.cancel`);
-        fragments posted already still complete."""
-        key = _pair(msg.saddr, msg.daddr)
-        if key is None:
-            return
-        pending = self.pending.get(key)
-        if pending is None or pending.get(msg.seq) is not msg:
-            return
-        del pending[msg.seq]
-        node = self.nodes.get(key[0])
-        engine = node.engines.get(key[1]) if node is not None else None
-        if engine is not None:
-            engine.cancel(msg.seq)
+    def cancel(self, msgs: Sequence[Outgoing]) -> None:
+        """``rds_send_drop_to`` (RDS_CANCEL_SENT_TO, close): each of ``msgs`` this transport holds leaves its
+        connection's send queue (never sent) or retransmit queue (never sent again), its RDMA op is not
+        posted; fragments posted already still complete. One :meth:`IbEngine.cancel_many` per connection."""
+        for key, seqs in self._held_seqs(msgs).items():
+            node = self.nodes.get(key[0])
+            engine = node.engines.get(key[1]) if node is not None else None
+            if engine is not None:
+                engine.cancel_many(seqs)
+
+    def _held_seqs(self, msgs: Sequence[Outgoing]) -> dict[Key, set[int]]:
+        """The sequence numbers of those of ``msgs`` a connection holds, by connection, forgotten here."""
+        held: dict[Key, set[int]] = {}
+        for msg in msgs:
+            key = _pair(msg.saddr, msg.daddr)
+            if key is None:
+                continue
+            pending = self.pending.get(key)
+            if pending is None or pending.get(msg.seq) is not msg:
+                continue
+            del pending[msg.seq]
+            held.setdefault(key, set()).add(msg.seq)
+        return held
 
     def cong_map_changed(self, laddr: IPAddress) -> None:
         """rds_cong_queue_updates: the map goes to every peer connected from ``laddr``; a connection made

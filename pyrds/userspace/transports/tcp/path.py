@@ -175,17 +175,25 @@ class TcpPath:
         if msg.sock_id:
             self.pending[msg.seq] = msg
 
-    def cancel(self, msg: Outgoing) -> None:
-        """``rds_send_drop_to`` for ``msg``: dropped if still staged; in the engine, it leaves the send queue
-        (never written) or the retransmit queue (not written again after a reconnect:
-        :meth:`PathEngine.cancel`). Bytes handed to TCP or waiting in :attr:`outbuf` still go out."""
-        for i, staged in enumerate(self.staged):
-            if staged is msg:
-                del self.staged[i]
-                return
-        if self.pending.get(msg.seq) is msg:
-            del self.pending[msg.seq]
-            self.engine.cancel(msg.seq)
+    def cancel_many(self, msgs: Sequence[Outgoing]) -> None:
+        """``rds_send_drop_to`` for those of ``msgs`` this path holds: dropped if still staged; in the
+        engine, they leave the send queue (never written) or the retransmit queue (not written again after
+        a reconnect: :meth:`PathEngine.cancel_many`). Bytes handed to TCP or waiting in :attr:`outbuf` still
+        go out. One pass over :attr:`staged` and one over each engine queue, however many messages."""
+        if self.staged:
+            cancelled = {id(msg) for msg in msgs}
+            kept = [msg for msg in self.staged if id(msg) not in cancelled]
+            if len(kept) != len(self.staged):
+                self.staged.clear()
+                self.staged.extend(kept)
+        seqs: set[int] = set()
+        pending = self.pending
+        for msg in msgs:
+            if pending.get(msg.seq) is msg:
+                del pending[msg.seq]
+                seqs.add(msg.seq)
+        if seqs:
+            self.engine.cancel_many(seqs)
 
     def kick(self) -> None:
         """Write what is queued, or get a connection."""

@@ -13,7 +13,7 @@ import ipaddress
 import logging
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from pyrds.addr import IPAddress
 from pyrds.constants import RDS_FLAG_PROBE_PORT, InfoConnectionFlag
@@ -164,10 +164,25 @@ class TcpTransport:
                     p.engine.queue_cong_map()
                     p.flush()
 
-    def cancel(self, msg: Outgoing) -> None:
-        for c in self.conns.values():
-            for p in c.paths:
-                p.cancel(msg)
+    def cancel(self, msgs: Sequence[Outgoing]) -> None:
+        """``rds_send_drop_to``: ``msgs`` grouped by the connection :meth:`transmit` gave them to, each group
+        cancelled on every path of its connection (:meth:`TcpPath.cancel_many`; the path a message went to
+        depends on the paths negotiated when it was sent)."""
+        by_conn: dict[tuple[IPAddress, IPAddress], list[Outgoing]] = {}
+        # by the address objects' ids first (alive while msgs is): hashing an address is a Python call
+        by_ids: dict[tuple[int, int], list[Outgoing]] = {}
+        for msg in msgs:
+            ids = (id(msg.saddr), id(msg.daddr))
+            batch = by_ids.get(ids)
+            if batch is None:
+                key = (normalize(msg.saddr), normalize(msg.daddr))
+                batch = by_ids[ids] = by_conn.setdefault(key, [])
+            batch.append(msg)
+        for key, batch in by_conn.items():
+            c = self.conns.get(key)
+            if c is not None:
+                for p in c.paths:
+                    p.cancel_many(batch)
 
     def reset(self) -> None:
         """Drop every TCP path (like writing net.rds.tcp.rds_tcp_sndbuf), gracefully: what the peer sent

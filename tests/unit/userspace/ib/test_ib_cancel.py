@@ -6,6 +6,7 @@ RDS_RDMA_CANCELED once (``__rds_send_complete``), and a message delivered alread
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 from test_ib_rdma import NOTIFY, RW, Rdma, iov, page_buffer
 from test_ib_transport import A, B, Pair, ib_socket, ip, payload, recv_all, socket_addr
@@ -92,3 +93,31 @@ def test_cancel_of_a_posted_rdma_write_notifies_canceled_not_its_completion() ->
     r.p.loop.run()
     assert r.notification() == [cmsg.RdmaNotify(92, RdmaStatus.CANCELED)]
     assert not r.sa.rdma_notify and r.sa.snd_bytes == 0
+
+
+def test_close_cancels_all_of_a_sockets_messages_in_one_engine_call() -> None:
+    """``rds_release`` -> ``rds_send_drop_to``: the messages of the closed socket, to several ports, leave
+    their connection in one :meth:`IbEngine.cancel_many` (one pass over its queues, not one per message);
+    another socket's message on that connection still goes out."""
+    pair = Pair()
+    sa = ib_socket(pair.a, A, 4000)
+    other = ib_socket(pair.a, A, 4001)
+    b1 = ib_socket(pair.b, B, 5000)
+    b2 = ib_socket(pair.b, B, 5001)
+    for i in range(6):  # the connection is still being made (the loop has not run): all stay queued
+        pair.a.sendmsg(sa, payload(10, i), [], 0, (ip(B), 5000 + i % 2), True)
+    pair.a.sendmsg(other, b"kept", [], 0, (ip(B), 5001), True)
+    engine = pair.ib_a.nodes[ip(A)].engines[ip(B)]
+    calls: list[list[int]] = []
+    cancel_many = engine.cancel_many
+
+    def counted(seqs: Any) -> Any:
+        calls.append(sorted(seqs))
+        return cancel_many(seqs)
+
+    engine.cancel_many = counted  # type: ignore[method-assign]
+    pair.a.close(sa)
+    assert calls == [[1, 2, 3, 4, 5, 6]]
+    assert send_rows(pair.a) == [(7, 5001)] and engine.path.queued_msgs == 1
+    pair.loop.run()
+    assert recv_all(pair.b, b1) == [] and recv_all(pair.b, b2) == [(b"kept", (A, 4001))]

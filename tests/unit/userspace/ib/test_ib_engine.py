@@ -400,8 +400,8 @@ def test_cancel_partly_posted_message_completes_queued_ones_and_their_rdma_never
     s2 = eng.queue(1, 2, b"two", rdma=object())
     s3 = eng.queue(1, 2, b"three")
     assert lk.post(lk.a) == 4 and eng.ring_used == 4  # four of s1's five fragments posted
-    assert eng.cancel(s1) is not None and eng.cancel(s2) is not None
-    assert eng.cancel(s2) is None
+    assert len(eng.cancel_many({s1})) == 1 and len(eng.cancel_many({s2})) == 1
+    assert eng.cancel_many({s2}) == []
     lk.pump()
     assert [(m.header.sequence, len(m.payload)) for m in delivered(lk.b.events)] == [
         (s1, 5 * RDS_FRAG_SIZE),
@@ -414,7 +414,34 @@ def test_cancel_partly_posted_message_completes_queued_ones_and_their_rdma_never
 
 def test_cancelled_message_is_not_retransmitted_after_a_reconnect() -> None:
     lk, seqs = delivered_unacked(100, 3)
-    assert lk.a.engine.cancel(seqs[1]) is not None
+    assert len(lk.a.engine.cancel_many({seqs[1]})) == 1
     reconnect_with_ack_seq_zero(lk)  # everything unacked but the cancelled one comes again
     assert [f.seq for f in data_frames(lk.b.frames) if f.frag == 0] == [seqs[0], seqs[2]]
     assert lk.a.engine.path.queued_msgs == 0
+
+
+def test_cancel_many_takes_several_off_at_once_and_forgets_their_rdma() -> None:
+    """One ``cancel_many`` for several queued messages: none of them is posted, nor their RDMA ops (objects
+    the fake link could not carry out); a sequence number it does not hold is ignored; the others arrive in
+    order after the gaps."""
+    lk = link()
+    lk.connect()
+    lk.pump()
+    eng = lk.a.engine
+    s1 = eng.queue(1, 2, b"one")
+    s2 = eng.queue(1, 2, b"two", rdma=object())
+    s3 = eng.queue(1, 2, b"three")
+    s4 = eng.queue(1, 2, b"four", rdma=object())
+    s5 = eng.queue(1, 2, b"five")
+    assert [m.seq for m in eng.cancel_many([s4, 999, s2])] == [s2, s4]
+    # their ops are forgotten: a later message that reuses a sequence number (after the peer restarted) must
+    # never find one
+    assert not eng._rdma
+    assert eng.path.queued_bytes == 12 and [r.seq for r in eng.path.unsent] == [s1, s3, s5]
+    lk.pump()
+    assert [(m.header.sequence, m.payload) for m in delivered(lk.b.events)] == [
+        (s1, b"one"),
+        (s3, b"three"),
+        (s5, b"five"),
+    ]
+    assert all(f.kind is not WrKind.RDMA for f in lk.b.frames)
