@@ -5,10 +5,40 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import pytest
+
+
+class NullTransport:
+    """A network transport (``stack.transport.Transport``) that does nothing and holds nothing; tests override
+    what they watch (``transmit``, ``cancel``, ...)."""
+
+    prefer_loopback = True
+    immediate = False
+
+    def start(self) -> None: ...
+    def transmit(self, msg: Any, hash_key: Any) -> None: ...
+    def cork(self) -> None: ...
+    def uncork(self) -> None: ...
+    def cancel(self, msgs: Sequence[Any]) -> None: ...
+    def cong_map_changed(self, laddr: Any) -> None: ...
+    def reset(self) -> None: ...
+
+    def busy(self) -> bool:
+        return False
+
+    def close(self) -> None: ...
+
+    def info_connections(self) -> Iterable[Any]:
+        return []
+
+    def info_messages(self, retransmit_only: bool) -> Iterable[Any]:
+        return []
+
+    def info_tcp_sockets(self) -> Iterable[Any]:
+        return []
 
 
 class FakeSvc:

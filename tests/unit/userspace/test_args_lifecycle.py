@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,7 +31,7 @@ from pyrds.constants import Transport as TransportType
 from pyrds.userspace.client import RDSSocket
 from pyrds.userspace.service import Service
 from pyrds.userspace.stack.sockstate import Outgoing
-from tests.unit.userspace.fakes import veth_namespaces
+from tests.unit.userspace.fakes import NullTransport, veth_namespaces
 
 A4 = "127.0.0.1"
 WAIT_LIMIT = 60.0  # generous: a poll that normally ends within a second or two
@@ -231,42 +231,18 @@ def test_family_mismatch_like_the_kernel(pair: tuple[RDSSocket, RDSSocket]) -> N
     b6.close()
 
 
-class _RaisingTransport:
+class _RaisingTransport(NullTransport):
     """A network transport whose transmit raises, as TcpTransport.transmit did for an IPv4 source and an
     IPv6 destination (a ValueError inside the service, after the send's reply)."""
 
     kind = TransportType.TCP
-    prefer_loopback = True
-    immediate = False
 
     def __init__(self) -> None:
         self.calls = 0
 
-    def start(self) -> None: ...
-
     def transmit(self, msg: Outgoing, hash_key: Any) -> None:
         self.calls += 1
         raise ValueError("transport bug")
-
-    def cork(self) -> None: ...
-    def uncork(self) -> None: ...
-    def cancel(self, msgs: Sequence[Outgoing]) -> None: ...
-    def cong_map_changed(self, laddr: Any) -> None: ...
-    def reset(self) -> None: ...
-
-    def busy(self) -> bool:
-        return False
-
-    def close(self) -> None: ...
-
-    def info_connections(self) -> Iterable[Any]:
-        return []
-
-    def info_messages(self, retransmit_only: bool) -> Iterable[Any]:
-        return []
-
-    def info_tcp_sockets(self) -> Iterable[Any]:
-        return []
 
 
 def test_a_transport_raising_after_the_reply_leaks_nothing() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pyrds.addr import IPAddress
@@ -19,51 +19,25 @@ from pyrds.userspace.stack.ports import normalize
 from pyrds.userspace.stack.sockstate import Outgoing, SockState
 from pyrds.userspace.transports import loop_transport
 from pyrds.userspace.transports.tcp.transport import TcpTransport
-from tests.unit.userspace.fakes import FakeSvc
+from tests.unit.userspace.fakes import FakeSvc, NullTransport
 
 SRC = ipaddress.ip_address("198.51.100.1")  # documentation addresses: not on this host, nobody answers
 DESTS = tuple(ipaddress.ip_address(f"198.51.100.{i}") for i in (2, 3, 4))
 DPORT = 4000
 
 
-class RecordingTransport:
+class RecordingTransport(NullTransport):
     """A transport that keeps what it is given and records every cancel call."""
-
-    prefer_loopback = True
-    immediate = False
 
     def __init__(self, kind: TransportType) -> None:
         self.kind = kind
         self.cancels: list[list[Outgoing]] = []
 
-    def start(self) -> None: ...
-
     def laddr_check(self, ip: IPAddress) -> bool:
         return True
 
-    def transmit(self, msg: Outgoing, hash_key: Any) -> None: ...
-    def cork(self) -> None: ...
-    def uncork(self) -> None: ...
-
     def cancel(self, msgs: Sequence[Outgoing]) -> None:
         self.cancels.append(list(msgs))
-
-    def cong_map_changed(self, laddr: Any) -> None: ...
-    def reset(self) -> None: ...
-
-    def busy(self) -> bool:
-        return False
-
-    def close(self) -> None: ...
-
-    def info_connections(self) -> Iterable[Any]:
-        return []
-
-    def info_messages(self, retransmit_only: bool) -> Iterable[Any]:
-        return []
-
-    def info_tcp_sockets(self) -> Iterable[Any]:
-        return []
 
 
 def stack_from_src() -> Stack:
