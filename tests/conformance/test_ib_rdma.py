@@ -277,6 +277,38 @@ def test_ib_rdma_write(rds_ib_pair, rds_observe, requester):
 
 
 @pytest.mark.parametrize("requester", ["A", "B"], ids=["requester-A", "requester-B"])
+def test_ib_rdma_silent(rds_ib_pair, rds_observe, requester):
+    """RDS_RDMA_SILENT: an RDMA WRITE (READWRITE | NOTIFY_ME | SILENT) in a message with no payload and no
+    cookie is posted without the message (``rds_send_xmit``: "if there are exclusively attached silent ops,
+    we skip the hdr/data send"): the requester gets RDS_CMSG_RDMA_STATUS SUCCESS, the target receives nothing
+    for it (the first message it gets is the requester's next one, which it takes across the gap in sequence
+    numbers) and its region holds the data once that message arrives. Also observed: the region right after
+    the requester's SUCCESS, before the next message (the kernel's MR is the target's own pages; a userspace
+    target's is the service's registered copy, given to the client when the next message shows the gap)."""
+    req, tgt = _roles(*_sides(rds_ib_pair), requester)
+    target = tgt.buffer(OFFSET + SIZE + PAGE, FILL)
+    local = req.buffer(SIZE, 0)
+    data = _payload(SIZE, f"silent/{requester}")
+    local.write(0, data)
+    cookie = _map(tgt, req, target.addr + OFFSET, SIZE, RW)
+    flags = RW | NOTIFY | RdmaFlag.SILENT
+    anc = [cmsg.rdma_args(cookie, 0, SIZE, req.iovecs((local.addr, SIZE)), 1, flags, 79)]
+    assert req.sock.sendmsg([], anc, 0, tgt.addr) == 0
+    status = _status(req.sock)
+    before = _region_view(target, OFFSET, FILL, {"the data": data})
+    req.sock.sendto(b"next", tgt.addr)
+    got, got_anc = _recv(tgt.sock)
+    after = _region_view(target, OFFSET, FILL, {"the data": data})
+    rds_observe("status", _error_class(status))
+    rds_observe("target_before_next", before)
+    rds_observe("first_received", f"{got!r} {_names(got_anc)}")
+    rds_observe("target_after_next", after)
+    assert status == "token 79 SUCCESS", status
+    assert got == b"next" and not got_anc, (got, got_anc)
+    assert after == "region holds the data, nothing else changed", after
+
+
+@pytest.mark.parametrize("requester", ["A", "B"], ids=["requester-A", "requester-B"])
 def test_ib_rdma_read(rds_ib_pair, rds_observe, requester):
     """The target fills a SIZE-byte region and maps it; the requester READs it (RDS_CMSG_RDMA_ARGS without
     RDS_RDMA_READWRITE, NOTIFY_ME) into two local vectors with a gap between them: after its
