@@ -412,7 +412,8 @@ class IbEngine:
         self.counters["ib_tx_rdma_wr"] += 1
         if op.atomic and op.masked:
             tx.wait_wr = wr_id
-        return SendWR(wr_id, WrKind.RDMA, b"", b"", True, False, tx.seq, 0, len(tx.frags), rdma=op)
+        nfrags = len(tx.frags)
+        return SendWR(wr_id, WrKind.RDMA, b"", b"", True, False, tx.seq, 0, nfrags, rdma=op, alone=not nfrags)
 
     def take_events(self) -> list[IbEvent]:
         """Events of :meth:`poll_send`: retransmissions with an RDMA op dropped (released, and the op's
