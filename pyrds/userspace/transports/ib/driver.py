@@ -196,7 +196,7 @@ class IbConnection:
         self._rdma_wrs: dict[int, _PostedRdma] = {}
         #: statuses of completed silent RDMA ops, due when a later SEND completes (dropped with the
         #: connection, as the kernel's flushed ring: the op's message then ends RDS_RDMA_DROPPED)
-        self._deferred: list[RdmaCompleted] = []
+        self._deferred: list[IbEvent] = []
         #: the receiving sockets (their (address, port)) over their receive cap that hold this connection:
         #: while any does, no receive buffer is posted again (:meth:`hold_receive`)
         self.rx_holds: set[tuple[Any, int]] = set()
