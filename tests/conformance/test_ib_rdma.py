@@ -289,7 +289,7 @@ def test_ib_rdma_silent(rds_ib_pair, rds_observe, requester):
     requester's next one (taken across the gap in sequence numbers), and its region holds the data then. The
     requester's RDMA_STATUS SUCCESS comes after that next message: ``rds_ib_xmit_rdma`` leaves a NOTIFY_ME
     WR unsignalled and the status is given when a later signalled WR completes (normally the message's own
-    SEND; 7.3.4 gave none within 120 s before the next message, 2026-11-27). Observed: whether a status came
+    SEND; 6.1, 6.12 and 7.3 gave none before the next message, 2026-11-27). Observed: whether a status came
     within SILENT_STATUS_LOOK seconds before the next message, and the region right after that look (the
     kernel's MR is the target's own pages; a userspace target's is the service's registered copy, given to
     the client when the next message shows the gap)."""
