@@ -276,6 +276,48 @@ def test_ib_rdma_write(rds_ib_pair, rds_observe, requester):
     assert uapi.rdma_cookie_offset(cookie) == OFFSET
 
 
+#: how long the silent scenario looks for an RDMA_STATUS before the requester's next message (the kernel
+#: gives none then: a deterministic absence, so a short look is enough)
+SILENT_STATUS_LOOK = 3.0
+
+
+@pytest.mark.parametrize("requester", ["A", "B"], ids=["requester-A", "requester-B"])
+def test_ib_rdma_silent(rds_ib_pair, rds_observe, requester):
+    """RDS_RDMA_SILENT: an RDMA WRITE (READWRITE | NOTIFY_ME | SILENT) in a message with no payload and no
+    cookie is posted without the message (``rds_send_xmit``: "if there are exclusively attached silent ops,
+    we skip the hdr/data send"). The target receives nothing for it: the first message it gets is the
+    requester's next one (taken across the gap in sequence numbers), and its region holds the data then. The
+    requester's RDMA_STATUS SUCCESS comes after that next message: ``rds_ib_xmit_rdma`` leaves a NOTIFY_ME
+    WR unsignalled and the status is given when a later signalled WR completes (normally the message's own
+    SEND; 6.1, 6.12 and 7.3 gave none before the next message, 2026-11-27). Observed: whether a status came
+    within SILENT_STATUS_LOOK seconds before the next message, and the region right after that look (the
+    kernel's MR is the target's own pages; a userspace target's is the service's registered copy, given to
+    the client when the next message shows the gap)."""
+    req, tgt = _roles(*_sides(rds_ib_pair), requester)
+    target = tgt.buffer(OFFSET + SIZE + PAGE, FILL)
+    local = req.buffer(SIZE, 0)
+    data = _payload(SIZE, f"silent/{requester}")
+    local.write(0, data)
+    cookie = _map(tgt, req, target.addr + OFFSET, SIZE, RW)
+    flags = RW | NOTIFY | RdmaFlag.SILENT
+    anc = [cmsg.rdma_args(cookie, 0, SIZE, req.iovecs((local.addr, SIZE)), 1, flags, 79)]
+    assert req.sock.sendmsg([], anc, 0, tgt.addr) == 0
+    early = _status(req.sock, SILENT_STATUS_LOOK)
+    before = _region_view(target, OFFSET, FILL, {"the data": data})
+    req.sock.sendto(b"next", tgt.addr)
+    got, got_anc = _recv(tgt.sock)
+    after = _region_view(target, OFFSET, FILL, {"the data": data})
+    status = _status(req.sock) if early.startswith("no RDMA_STATUS") else early
+    rds_observe("status_before_next", _error_class(early))
+    rds_observe("target_before_next", before)
+    rds_observe("first_received", f"{got!r} {_names(got_anc)}")
+    rds_observe("target_after_next", after)
+    rds_observe("status", _error_class(status))
+    assert got == b"next" and not got_anc, (got, got_anc)
+    assert after == "region holds the data, nothing else changed", after
+    assert status == "token 79 SUCCESS", status
+
+
 @pytest.mark.parametrize("requester", ["A", "B"], ids=["requester-A", "requester-B"])
 def test_ib_rdma_read(rds_ib_pair, rds_observe, requester):
     """The target fills a SIZE-byte region and maps it; the requester READs it (RDS_CMSG_RDMA_ARGS without

@@ -433,17 +433,35 @@ class Stack:
         """``rds_rdma_unuse(rs, key, 0)`` for a received RDS_EXTHDR_RDMA: what the peer wrote into the MR
         goes to the client (sync_mr DMA_FROM_DEVICE); a USE_ONCE MR is freed."""
         mr = rs.mrs.get(key)
-        if mr is None:
+        if mr is None or not self._sync_mr(rs, key, mr):
             return
+        if mr.use_once:
+            rdma.drop_mr(rs.mrs, key)
+
+    def _sync_mr(self, rs: SockState, key: int, mr: rdma.MemRegion) -> bool:
+        """What the peer wrote into ``mr`` goes to the client; False when the region is gone (the MR with
+        it). A client that cannot be written (EFAULT) is counted, the MR kept."""
         try:
             mr.sync_from_device(self.memory_of(rs))
         except rdma.RegionGone:
             rdma.drop_mr(rs.mrs, key)
-            return
+            return False
         except StackError:
             self.counters["rdma_mr_writeback_failed"] += 1
-        if mr.use_once:
-            rdma.drop_mr(rs.mrs, key)
+        return True
+
+    def rdma_sync_mrs(self, laddr: IPAddress) -> None:
+        """StackHost.rdma_sync_mrs. The kernel's MRs are the client's own pages, where an RDMA WRITE lands
+        at once; here they are the service's registered copies, given to the client when a message names
+        them (:meth:`rdma_unuse`). A silent op's message is never sent (``rds_send_xmit``), so its WRITE is
+        announced by nothing but the gap it leaves in the sequence numbers: every MR of the sockets bound to
+        ``laddr`` is synced then (RC order: the WRITE landed before the message after the gap)."""
+        laddr = normalize(laddr)
+        for rs in list(self.socks.values()):
+            if rs.mrs and rs.bound_addr == laddr:
+                self.counters["rdma_mr_gap_sync"] += 1
+                for key, mr in list(rs.mrs.items()):
+                    self._sync_mr(rs, key, mr)
 
     def transmit_failed(self, msg: Outgoing) -> None:
         """A transport raised instead of taking ``msg`` (a bug, logged by the caller): forget the message and

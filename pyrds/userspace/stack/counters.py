@@ -144,6 +144,7 @@ EXTRA_NAMES = (
     "ib_recv_over_cap",  # an RDS/IB message queued for a socket already over its receive cap
     "rdma_read_writeback_failed",  # an RDMA READ's bytes could not be written to the client (EFAULT)
     "rdma_mr_writeback_failed",  # what the peer wrote into an MR could not be written to the client
+    "rdma_mr_gap_sync",  # a socket's MRs synced to its client after a gap in a peer's sequence (silent ops)
 )
 
 

@@ -169,6 +169,11 @@ class StackHost(Protocol):
         """An RDMA op's work request completed (``rds_rdma_send_complete``): RDS_RDMA_* ``status``; ``data``:
         a successful READ's bytes."""
 
+    def rdma_sync_mrs(self, laddr: IPAddress) -> None:
+        """A peer's message to ``laddr`` came after a gap in its sequence numbers (messages it never sent: a
+        silent RDMA op's, whose WRITE landed before this message, unannounced): the MRs of the sockets bound
+        to ``laddr`` show their clients what the peer wrote, before the message is delivered."""
+
 
 class Transport(Protocol):
     """One way of reaching peers (``struct rds_transport``).

@@ -111,6 +111,8 @@ class _PostedRdma:
     bounce: MemoryRegion
     opcode: int
     chain: MaskedAtomic | None = None
+    #: no SEND of the op's message follows (a silent op's)
+    alone: bool = False
 
 
 #: CM events that end a connection (rdma_transport.c ``rds_rdma_cm_event_handler_cmn``)
@@ -192,6 +194,9 @@ class IbConnection:
         self.device_max_sge = 0
         #: RDMA work requests posted and not completed, by wr_id
         self._rdma_wrs: dict[int, _PostedRdma] = {}
+        #: statuses of completed silent RDMA ops, due when a later SEND completes (dropped with the
+        #: connection, as the kernel's flushed ring: the op's message then ends RDS_RDMA_DROPPED)
+        self._deferred: list[IbEvent] = []
         #: the receiving sockets (their (address, port)) over their receive cap that hold this connection:
         #: while any does, no receive buffer is posted again (:meth:`hold_receive`)
         self.rx_holds: set[tuple[Any, int]] = set()
@@ -428,7 +433,14 @@ class IbConnection:
                 return
             self._count_atomic(op)
             bounce.close()
-            self._report([RdmaCompleted(op, status, data)])
+            if posted.alone and not op.atomic and op.notify:
+                # rds_ib_xmit_rdma leaves a NOTIFY_ME READ/WRITE unsignalled: its status comes when a later
+                # signalled WR of the ring completes, normally its message's SEND; a silent op has none, so
+                # it waits for the next message's
+                self.counters["ib_rdma_notify_deferred"] += 1
+                self._deferred.append(RdmaCompleted(op, status, data))
+            else:
+                self._report([RdmaCompleted(op, status, data)])
             if self._closed():
                 return
         elif wc.opcode != WcOpcode.SEND:
@@ -440,6 +452,12 @@ class IbConnection:
         except ValueError as exc:
             self.counters["ib_bad_completion"] += 1
             self.close(f"bad send completion: {exc}")
+            return
+        if self._deferred and wc.opcode == WcOpcode.SEND and wc.wr_id != ACK_WR_ID:
+            # a message's SEND completed (not the ACK WR, whose completion the kernel handles apart from the
+            # ring): the deferred statuses of the silent ops posted before it are due
+            deferred, self._deferred = self._deferred, []
+            self._report(deferred)
 
     def _recv_completion(self, wc: Completion) -> None:
         assert self.qp is not None
@@ -533,7 +551,7 @@ class IbConnection:
         assert self.qp is not None
         op = wr.rdma
         bounce = self.qp.reg_mr(op.nbytes, remote=False)
-        posted = _PostedRdma(op, bounce, _opcode_of(op))
+        posted = _PostedRdma(op, bounce, _opcode_of(op), alone=wr.alone)
         try:
             if op.atomic and op.masked:  # emulated with plain atomics: stack.rdma.MaskedAtomic
                 posted.chain = MaskedAtomic(op)
@@ -594,6 +612,7 @@ class IbConnection:
         for posted in self._rdma_wrs.values():  # flushed: no notification (rds_ib_send_complete)
             _close_quietly(posted.bounce)
         self._rdma_wrs.clear()
+        self._deferred.clear()
         if self._qp_fd >= 0:
             self.loop.remove_reader(self._qp_fd)
             self._qp_fd = -1

@@ -50,7 +50,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from pyrds.constants import RDS_HEADER_SIZE, RDS_MAX_MSG_SIZE, HeaderFlag
+from pyrds.constants import RDS_HEADER_SIZE, RDS_MAX_MSG_SIZE, ExtHeaderType, HeaderFlag
 from pyrds.userspace.proto import (
     AckedMessage,
     CongestionMap,
@@ -365,14 +365,16 @@ class IbEngine:
             if tx is None:
                 break
             self._tx = tx
-            while tx.next < len(tx.frags) and len(self._ring) < self.send_wr and not tx.wait_wr:
+            while (tx.rdma is not None or tx.next < len(tx.frags)) and len(self._ring) < self.send_wr:
+                if tx.wait_wr:
+                    break
                 if tx.rdma is not None:
                     out.append(self._post_rdma(tx))
                     continue
                 out.append(self._post(tx))
             if tx.wait_wr:
                 break  # a masked atomic's chain runs: nothing after it goes out before it ends
-            if tx.next == len(tx.frags):
+            if tx.next == len(tx.frags) and tx.rdma is None:
                 self._tx = None
         else:
             if self._tx is not None:
@@ -410,7 +412,8 @@ class IbEngine:
         self.counters["ib_tx_rdma_wr"] += 1
         if op.atomic and op.masked:
             tx.wait_wr = wr_id
-        return SendWR(wr_id, WrKind.RDMA, b"", b"", True, False, tx.seq, 0, len(tx.frags), rdma=op)
+        nfrags = len(tx.frags)
+        return SendWR(wr_id, WrKind.RDMA, b"", b"", True, False, tx.seq, 0, nfrags, rdma=op, alone=not nfrags)
 
     def take_events(self) -> list[IbEvent]:
         """Events of :meth:`poll_send`: retransmissions with an RDMA op dropped (released, and the op's
@@ -440,6 +443,15 @@ class IbEngine:
         if picked is None:
             return None
         header, payload = picked
+        rdma = self._rdma.get(header.sequence)
+        if rdma is not None and _silent(header, payload, rdma):
+            # rds_send_xmit: "if there are exclusively attached silent ops, we skip the hdr/data send": the op
+            # is posted, no SEND (nor the piggybacked ack that rds_ib_xmit would carry); the sequence number
+            # stays used, and the ack of a later message releases it
+            self.counters["ib_tx_silent"] += 1
+            tx = _Tx(WrKind.DATA, header.sequence, b"", [])
+            tx.rdma = rdma
+            return tx
         ack = self._piggyback()
         flags = header.flags
         if flags & HeaderFlag.RETRANSMITTED:
@@ -454,7 +466,7 @@ class IbEngine:
             self._unacked_bytes -= header.length
         wire = dataclasses.replace(header, flags=flags, ack=ack)
         tx = _Tx(WrKind.DATA, header.sequence, sealed_header(wire), fragments(payload))
-        tx.rdma = self._rdma.get(header.sequence)
+        tx.rdma = rdma
         return tx
 
     def _piggyback(self) -> int:
@@ -540,3 +552,10 @@ class IbEngine:
         if header.flags & HeaderFlag.ACK_REQUIRED:
             self.counters["recv_ack_required"] += 1
             self._ack_requested = True
+
+
+def _silent(header: RDSHeader, payload: bytes, rdma: Any) -> bool:
+    """``rds_send_xmit``: a message without payload whose one op (RDMA or atomic) has RDS_RDMA_SILENT and
+    that carries no cookie (``m_rdma_cookie``, sent as RDS_EXTHDR_RDMA_DEST) has no data op: only the op
+    goes out."""
+    return bool(rdma.silent) and not payload and all(x.type != ExtHeaderType.RDMA_DEST for x in header.exthdr)

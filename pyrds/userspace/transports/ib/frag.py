@@ -43,6 +43,8 @@ class SendWR:
     nfrags: int = 1
     #: kind RDMA: the op (``stack.rdma.RdmaOp``: rkey, remote address, bytes, READ or WRITE)
     rdma: Any = None
+    #: kind RDMA: no SEND of its message follows (a silent op's message: ``IbEngine._next_tx``)
+    alone: bool = False
 
     @property
     def data(self) -> bytes:

@@ -129,6 +129,9 @@ class IbTransport:
         self.clock = clock
         self.engine_kwargs = dict(engine_kwargs or {})
         self.nodes: dict[IPAddress, IbNode] = {}
+        #: the sequence number of the last message delivered per connection (laddr, peer): a message that
+        #: skips some follows messages the peer never sent (silent RDMA ops, cancelled ones)
+        self._rx_seq: dict[tuple[IPAddress, IPAddress], int] = {}
         #: messages of sockets on the wire or queued, by connection and sequence, until acked
         self.pending: dict[Key, dict[int, Outgoing]] = {}
         self.closed = False
@@ -210,6 +213,10 @@ class IbTransport:
                 case MessagesAcked(messages=acked):
                     self._release(laddr, peer, (m.seq for m in acked))
                 case MessageReceived(header=h, payload=payload):
+                    last = self._rx_seq.get((laddr, peer), 0)
+                    self._rx_seq[(laddr, peer)] = h.sequence
+                    if last and h.sequence > last + 1:
+                        host.rdma_sync_mrs(laddr)  # a silent op's WRITE may have landed: before delivery
                     now = time.monotonic_ns()
                     inc = Incoming(
                         peer, laddr, h.sport, h.dport, payload, h.sequence, 0, lat=(now, now, now, 0)

@@ -165,6 +165,46 @@ def test_the_rdma_wr_goes_before_the_message_with_both_extension_headers() -> No
     assert [(e.type, e.body) for e in h.exthdr] == [(ExtHeaderType.RDMA_DEST, body)]
 
 
+def test_a_silent_op_without_payload_or_cookie_posts_no_send() -> None:
+    """RDS_RDMA_SILENT (rds_send_xmit: "exclusively attached silent ops"): a message with no payload whose
+    RDMA op is SILENT and that carries no cookie posts the RDMA WR and no SEND; the requester still gets its
+    notification, the target receives nothing for it, and the ack of the next message releases it. With a
+    payload, or without SILENT, the message goes out as usual."""
+    r = Rdma()
+    baddr = page_buffer(r.keep)
+    aaddr = page_buffer(r.keep)
+    cookie = r.map_on_b(baddr, 4096)
+    qp = next(q for q in r.p.fabric.qps if q.src == A and not q.closed)
+    qp.sent.clear()
+    ctypes.memmove(aaddr, b"S" * 64, 64)
+    silent = RW | NOTIFY | RdmaFlag.SILENT
+    assert r.send(r.sa, b"", [cmsg.rdma_args(cookie, 0, 64, iov(r.keep, (aaddr, 64)), 1, silent, 91)]) == 0
+    # done, but its status waits for a later SEND's completion (the kernel leaves a NOTIFY_ME WRITE
+    # unsignalled and reaps it with the next signalled WR of the ring)
+    assert not r.sa.rdma_notify
+    # (the WRITE is in the service's copy of B's MR; B's client sees it once a later message shows the gap)
+    assert ctypes.string_at(baddr, 64) == bytes(64)
+    assert qp.sent == []  # the WRITE only: no SEND, not even an ACK-only frame for it
+    assert not r.sb.recv_queue
+    assert len(r.sa.sent) == 1  # its sequence number is taken: held until a later message's ack
+    engine = r.p.ib_a.nodes[ip(A)].engines[ip(B)]
+    assert engine.counters["ib_tx_silent"] == 1
+    r.send(r.sa, b"next", [])
+    assert r.notification() == [cmsg.RdmaNotify(91, RdmaStatus.SUCCESS)]
+    assert r.recv(r.sb) == (b"next", [])  # the target sees the gap in sequence numbers and takes it
+    assert ctypes.string_at(baddr, 64) == b"S" * 64  # ... and syncs its MRs before delivering the message
+    assert r.p.b.counters["rdma_mr_gap_sync"] == 1
+    r.send(r.sb, b"ack", [])
+    assert r.recv(r.sa)[0] == b"ack"
+    assert not r.sa.sent  # acked with the message after it
+    # with a payload, or not SILENT, the message goes out (and reaches the target)
+    r.send(r.sa, b"p", [cmsg.rdma_args(cookie, 0, 8, iov(r.keep, (aaddr, 8)), 1, RW | RdmaFlag.SILENT)])
+    assert r.recv(r.sb) == (b"p", [])
+    r.send(r.sa, b"", [cmsg.rdma_args(cookie, 0, 8, iov(r.keep, (aaddr, 8)), 1, RW)])
+    assert r.recv(r.sb) == (b"", [])
+    assert engine.counters["ib_tx_silent"] == 1
+
+
 def test_use_once_and_free_mr() -> None:
     r = Rdma()
     baddr = page_buffer(r.keep)
