@@ -250,18 +250,28 @@ def _reconnected(req: Side, tgt: Side) -> str:
     return "; ".join(seen)
 
 
+def _write_setup(
+    rds_ib_pair: Any, requester: str, salt: str
+) -> tuple[Side, Side, AgentBuffer, AgentBuffer, bytes, int]:
+    """A WRITE's setting: (requester, target, the target's buffer, filled and with a SIZE-byte region
+    mapped OFFSET bytes in, the requester's SIZE-byte local buffer holding ``data``, ``data``, the region's
+    cookie)."""
+    req, tgt = _roles(*_sides(rds_ib_pair), requester)
+    target = tgt.buffer(OFFSET + SIZE + PAGE, FILL)
+    local = req.buffer(SIZE, 0)
+    data = _payload(SIZE, f"{salt}/{requester}")
+    local.write(0, data)
+    cookie = _map(tgt, req, target.addr + OFFSET, SIZE, RW)
+    return req, tgt, target, local, data, cookie
+
+
 @pytest.mark.parametrize("requester", ["A", "B"], ids=["requester-A", "requester-B"])
 def test_ib_rdma_write(rds_ib_pair, rds_observe, requester):
     """The target maps a SIZE-byte region OFFSET bytes into a page (RDS_CMSG_RDMA_MAP on a message to the
     requester); the requester sends a message with RDS_CMSG_RDMA_ARGS (WRITE: RDS_RDMA_READWRITE |
     NOTIFY_ME) into it: when the target receives that message its region holds the data and nothing else in
     its buffer changed; the requester gets RDS_CMSG_RDMA_STATUS SUCCESS."""
-    req, tgt = _roles(*_sides(rds_ib_pair), requester)
-    target = tgt.buffer(OFFSET + SIZE + PAGE, FILL)
-    local = req.buffer(SIZE, 0)
-    data = _payload(SIZE, f"write/{requester}")
-    local.write(0, data)
-    cookie = _map(tgt, req, target.addr + OFFSET, SIZE, RW)
+    req, tgt, target, local, data, cookie = _write_setup(rds_ib_pair, requester, "write")
     rds_observe("cookie_offset", uapi.rdma_cookie_offset(cookie))
     _write(req, tgt, cookie, local.addr, SIZE, b"wrote", 77)
     got, anc = _recv(tgt.sock)
@@ -293,12 +303,7 @@ def test_ib_rdma_silent(rds_ib_pair, rds_observe, requester):
     within SILENT_STATUS_LOOK seconds before the next message, and the region right after that look (the
     kernel's MR is the target's own pages; a userspace target's is the service's registered copy, given to
     the client when the next message shows the gap)."""
-    req, tgt = _roles(*_sides(rds_ib_pair), requester)
-    target = tgt.buffer(OFFSET + SIZE + PAGE, FILL)
-    local = req.buffer(SIZE, 0)
-    data = _payload(SIZE, f"silent/{requester}")
-    local.write(0, data)
-    cookie = _map(tgt, req, target.addr + OFFSET, SIZE, RW)
+    req, tgt, target, local, data, cookie = _write_setup(rds_ib_pair, requester, "silent")
     flags = RW | NOTIFY | RdmaFlag.SILENT
     anc = [cmsg.rdma_args(cookie, 0, SIZE, req.iovecs((local.addr, SIZE)), 1, flags, 79)]
     assert req.sock.sendmsg([], anc, 0, tgt.addr) == 0

@@ -80,6 +80,16 @@ class Rdma:
         assert cookie.value >> 32 == addr & 4095
         return cookie.value
 
+    def mapped_page(self) -> tuple[int, int, int, Any]:
+        """A page of B mapped (its address, a page of A's, the cookie) and A's queue pair, its sent SENDs
+        cleared."""
+        baddr = page_buffer(self.keep)
+        aaddr = page_buffer(self.keep)
+        cookie = self.map_on_b(baddr, 4096)
+        qp = next(q for q in self.p.fabric.qps if q.src == A and not q.closed)
+        qp.sent.clear()
+        return baddr, aaddr, cookie, qp
+
     def notification(self) -> list[Any]:
         data, anc = self.recv(self.sa)
         assert data == b""
@@ -141,11 +151,7 @@ def test_unaligned_map_cookie_offset_and_only_the_peers_bytes_go_back() -> None:
 
 def test_the_rdma_wr_goes_before_the_message_with_both_extension_headers() -> None:
     r = Rdma()
-    baddr = page_buffer(r.keep)
-    aaddr = page_buffer(r.keep)
-    cookie = r.map_on_b(baddr, 4096)
-    qp = next(q for q in r.p.fabric.qps if q.src == A and not q.closed)
-    qp.sent.clear()
+    baddr, aaddr, cookie, qp = r.mapped_page()
     # an RDMA_ARGS and, in the same message, no MAP/DEST (the kernel refuses the mix): RDS_EXTHDR_RDMA only
     r.send(r.sa, b"x", [cmsg.rdma_args(cookie, 0, 8, iov(r.keep, (aaddr, 8)), 1, RW)])
     rdma_wr = qp.rdma_posted[-1]
@@ -171,11 +177,7 @@ def test_a_silent_op_without_payload_or_cookie_posts_no_send() -> None:
     notification, the target receives nothing for it, and the ack of the next message releases it. With a
     payload, or without SILENT, the message goes out as usual."""
     r = Rdma()
-    baddr = page_buffer(r.keep)
-    aaddr = page_buffer(r.keep)
-    cookie = r.map_on_b(baddr, 4096)
-    qp = next(q for q in r.p.fabric.qps if q.src == A and not q.closed)
-    qp.sent.clear()
+    baddr, aaddr, cookie, qp = r.mapped_page()
     ctypes.memmove(aaddr, b"S" * 64, 64)
     silent = RW | NOTIFY | RdmaFlag.SILENT
     assert r.send(r.sa, b"", [cmsg.rdma_args(cookie, 0, 64, iov(r.keep, (aaddr, 64)), 1, silent, 91)]) == 0
