@@ -454,14 +454,16 @@ class Stack:
         """StackHost.rdma_sync_mrs. The kernel's MRs are the client's own pages, where an RDMA WRITE lands
         at once; here they are the service's registered copies, given to the client when a message names
         them (:meth:`rdma_unuse`). A silent op's message is never sent (``rds_send_xmit``), so its WRITE is
-        announced by nothing but the gap it leaves in the sequence numbers: every MR of the sockets bound to
-        ``laddr`` is synced then (RC order: the WRITE landed before the message after the gap)."""
+        announced by nothing but the gap it leaves in the sequence numbers: every MR the peer may write
+        (RDS_RDMA_READWRITE) of the sockets bound to ``laddr`` is synced then (RC order: the WRITE landed
+        before the message after the gap)."""
         laddr = normalize(laddr)
         for rs in list(self.socks.values()):
             if rs.mrs and rs.bound_addr == laddr:
                 self.counters["rdma_mr_gap_sync"] += 1
                 for key, mr in list(rs.mrs.items()):
-                    self._sync_mr(rs, key, mr)
+                    if mr.write:
+                        self._sync_mr(rs, key, mr)
 
     def transmit_failed(self, msg: Outgoing) -> None:
         """A transport raised instead of taking ``msg`` (a bug, logged by the caller): forget the message and

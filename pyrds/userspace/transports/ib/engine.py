@@ -62,7 +62,7 @@ from pyrds.userspace.proto import (
     cong_map_header,
 )
 from pyrds.userspace.proto.header import checksum_ok
-from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked, RdmaCompleted
+from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked, RdmaCompleted, SequenceGap
 from pyrds.userspace.transports.ib.frag import SendWR, WrKind, ack_frame, fragments, sealed_header
 from pyrds.userspace.transports.ib.privdata import (
     REJ_CONSUMER_DATA,
@@ -546,6 +546,8 @@ class IbEngine:
             return
         self.counters["ib_rx_messages"] += 1
         header, payload = done
+        if 0 < self.path.next_rx_seq < header.sequence:
+            events.append(SequenceGap())
         events.extend(self.path.receive(header, payload, now))
         if header.flags != HeaderFlag.CONG_BITMAP:
             self._ack_next = header.sequence

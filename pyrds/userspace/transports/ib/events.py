@@ -7,7 +7,7 @@ from typing import Any
 
 from pyrds.userspace.proto import AckedMessage, Event
 
-__all__ = ["IbEvent", "MessagesAcked", "RdmaCompleted"]
+__all__ = ["IbEvent", "MessagesAcked", "RdmaCompleted", "SequenceGap"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,4 +29,11 @@ class RdmaCompleted:
     data: bytes = b""
 
 
-IbEvent = Event | MessagesAcked | RdmaCompleted
+@dataclass(frozen=True, slots=True)
+class SequenceGap:
+    """The next message (its events follow) skips sequence numbers: the peer never sent those messages -- a
+    silent RDMA op's (``rds_send_xmit`` posts only its WR, whose WRITE landed before this message by RC
+    order), or cancelled ones."""
+
+
+IbEvent = Event | MessagesAcked | RdmaCompleted | SequenceGap

@@ -63,7 +63,7 @@ from pyrds.userspace.stack.transport import (
     TcpSocketRow,
 )
 from pyrds.userspace.transports.ib.driver import ConnState, FdLoop
-from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked, RdmaCompleted
+from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked, RdmaCompleted, SequenceGap
 from pyrds.userspace.transports.ib.node import IbNode
 from pyrds.userspace.transports.ib.verbs import MemoryRegion, Verbs, VerbsError
 from pyrds.userspace.transports.ib.wire import RDS_CM_PORT, RDS_IB_PORT
@@ -129,9 +129,6 @@ class IbTransport:
         self.clock = clock
         self.engine_kwargs = dict(engine_kwargs or {})
         self.nodes: dict[IPAddress, IbNode] = {}
-        #: the sequence number of the last message delivered per connection (laddr, peer): a message that
-        #: skips some follows messages the peer never sent (silent RDMA ops, cancelled ones)
-        self._rx_seq: dict[tuple[IPAddress, IPAddress], int] = {}
         #: messages of sockets on the wire or queued, by connection and sequence, until acked
         self.pending: dict[Key, dict[int, Outgoing]] = {}
         self.closed = False
@@ -212,11 +209,9 @@ class IbTransport:
             match ev:
                 case MessagesAcked(messages=acked):
                     self._release(laddr, peer, (m.seq for m in acked))
+                case SequenceGap():
+                    host.rdma_sync_mrs(laddr)  # a silent op's WRITE may have landed: before delivery
                 case MessageReceived(header=h, payload=payload):
-                    last = self._rx_seq.get((laddr, peer), 0)
-                    self._rx_seq[(laddr, peer)] = h.sequence
-                    if last and h.sequence > last + 1:
-                        host.rdma_sync_mrs(laddr)  # a silent op's WRITE may have landed: before delivery
                     now = time.monotonic_ns()
                     inc = Incoming(
                         peer, laddr, h.sport, h.dport, payload, h.sequence, 0, lat=(now, now, now, 0)

@@ -21,7 +21,7 @@ from pyrds.userspace.proto import (
 )
 from pyrds.userspace.proto.header import checksum_ok
 from pyrds.userspace.transports.ib.engine import IbEngine
-from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked
+from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked, SequenceGap
 from pyrds.userspace.transports.ib.frag import SendWR, WrKind
 from pyrds.userspace.transports.ib.wire import ACK_WR_ID, RDS_FRAG_SIZE, RECV_BUF_SIZE
 
@@ -445,3 +445,30 @@ def test_cancel_many_takes_several_off_at_once_and_forgets_their_rdma() -> None:
         (s5, b"five"),
     ]
     assert all(f.kind is not WrKind.RDMA for f in lk.b.frames)
+
+
+def test_a_message_after_skipped_sequence_numbers_comes_after_a_sequence_gap_event() -> None:
+    """The receiver derives a gap from its own next_rx_seq: the first message after a connect and messages
+    that follow on (a ping's sequence number included) bring no SequenceGap; a message after cancelled ones
+    (never sent, as a silent op's) is preceded by one."""
+    lk = link()
+    lk.connect()
+    lk.pump()
+    eng = lk.a.engine
+    eng.queue(1, 2, b"first")
+    eng.send_ping(4444)
+    eng.queue(1, 2, b"after the ping")
+    lk.pump()
+    assert not [e for e in lk.b.events if isinstance(e, SequenceGap)]
+    skipped = [eng.queue(1, 2, b"never sent") for _ in range(2)]
+    last = eng.queue(1, 2, b"after the gap")
+    eng.cancel_many(skipped)
+    before = len(lk.b.events)
+    lk.pump()
+    new = lk.b.events[before:]
+    gap = next(i for i, e in enumerate(new) if isinstance(e, SequenceGap))
+    msgs = delivered(new)
+    assert [m.header.sequence for m in msgs] == [last]
+    assert new.index(msgs[0]) > gap
+    assert sum(isinstance(e, SequenceGap) for e in new) == 1
+
