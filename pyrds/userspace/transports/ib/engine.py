@@ -443,16 +443,7 @@ class IbEngine:
         if picked is None:
             return None
         header, payload = picked
-        rdma = self._rdma.get(header.sequence)
-        if rdma is not None and _silent(header, payload, rdma):
-            # rds_send_xmit: "if there are exclusively attached silent ops, we skip the hdr/data send": the op
-            # is posted, no SEND (nor the piggybacked ack that rds_ib_xmit would carry); the sequence number
-            # stays used, and the ack of a later message releases it
-            self.counters["ib_tx_silent"] += 1
-            tx = _Tx(WrKind.DATA, header.sequence, b"", [])
-            tx.rdma = rdma
-            return tx
-        ack = self._piggyback()
+        # rds_send_xmit's ACK_REQUIRED accounting, done when it picks a message (silent or not)
         flags = header.flags
         if flags & HeaderFlag.RETRANSMITTED:
             flags |= HeaderFlag.ACK_REQUIRED
@@ -464,7 +455,16 @@ class IbEngine:
         else:
             self._unacked_packets -= 1
             self._unacked_bytes -= header.length
-        wire = dataclasses.replace(header, flags=flags, ack=ack)
+        rdma = self._rdma.get(header.sequence)
+        if rdma is not None and _silent(header, payload, rdma):
+            # rds_send_xmit: "if there are exclusively attached silent ops, we skip the hdr/data send": the op
+            # is posted, no SEND (nor the piggybacked ack that rds_ib_xmit would carry); the sequence number
+            # stays used, and the ack of a later message releases it
+            self.counters["ib_tx_silent"] += 1
+            tx = _Tx(WrKind.DATA, header.sequence, b"", [])
+            tx.rdma = rdma
+            return tx
+        wire = dataclasses.replace(header, flags=flags, ack=self._piggyback())
         tx = _Tx(WrKind.DATA, header.sequence, sealed_header(wire), fragments(payload))
         tx.rdma = rdma
         return tx

@@ -20,6 +20,7 @@ from pyrds.userspace.proto import (
     RDSHeader,
 )
 from pyrds.userspace.proto.header import checksum_ok
+from pyrds.userspace.stack import rdma
 from pyrds.userspace.transports.ib.engine import IbEngine
 from pyrds.userspace.transports.ib.events import IbEvent, MessagesAcked, SequenceGap
 from pyrds.userspace.transports.ib.frag import SendWR, WrKind
@@ -472,3 +473,22 @@ def test_a_message_after_skipped_sequence_numbers_comes_after_a_sequence_gap_eve
     assert new.index(msgs[0]) > gap
     assert sum(isinstance(e, SequenceGap) for e in new) == 1
 
+
+def test_a_silent_message_counts_in_the_ack_required_accounting() -> None:
+    """rds_send_xmit does its ACK_REQUIRED accounting when it picks a message, before it decides a silent op's
+    message has no SEND: with max_unacked_packets 1 the messages alternate ACK_REQUIRED, and a silent one in
+    the middle still takes its turn (it goes out as the RDMA WR alone)."""
+    clock = Clock()
+    tx = IbEngine(A4, B4, max_unacked_packets=1)
+    tx.established(clock.t)
+    tx.path.take_cong_map()
+    silent = rdma.RdmaOp(write=True, rkey=1, remote_addr=0, nbytes=8, local=[], silent=True)
+    tx.queue(1, 2, b"a")
+    tx.queue(1, 2, b"", rdma=silent)
+    tx.queue(1, 2, b"c")
+    tx.queue(1, 2, b"d")
+    wrs = tx.poll_send()
+    assert [w.kind for w in wrs] == [WrKind.DATA, WrKind.RDMA, WrKind.DATA, WrKind.DATA]
+    assert wrs[1].alone and wrs[1].rdma is silent
+    flags = [RDSHeader.decode(w.header).flags & HeaderFlag.ACK_REQUIRED for w in wrs if w.kind is WrKind.DATA]
+    assert flags == [HeaderFlag.ACK_REQUIRED, HeaderFlag.ACK_REQUIRED, 0]  # a, c (after the silent one), d
