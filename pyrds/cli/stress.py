@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -36,6 +37,7 @@ from pyrds.cli.common import (
     sockaddr,
 )
 from pyrds.cli.stress_proto import (
+    SendWaits,
     Stopped,
     StressError,
     control,
@@ -116,6 +118,7 @@ class TaskStats:
     rtts: list[float] = field(default_factory=list)
     confirmed: int | None = None
     error: str | None = None
+    waits: SendWaits = field(default_factory=SendWaits)
 
 
 @dataclass
@@ -137,6 +140,8 @@ class Summary:
     cpu_pct: float
     errors: list[str]
     transport: str | None = None  # --transport (None: unpinned)
+    #: refusals the senders waited out: {"eagain": n, "enobufs": n, "slept_s": seconds backing off}
+    send_waits: dict[str, float] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -265,7 +270,7 @@ class Task(threading.Thread):
         while not self.stop.is_set():
             try:
                 while len(sent_at) < depth:
-                    send_retry(sock, payload, self.dest, mono() + self.args.timeout, self.stop)
+                    send_retry(sock, payload, self.dest, mono() + self.args.timeout, self.stop, st.waits)
                     sent_at.append(mono())
                     st.sent += 1
             except Stopped:
@@ -292,7 +297,7 @@ class Task(threading.Thread):
         mono = time.monotonic
         while not self.stop.is_set():
             try:
-                send_retry(sock, payload, self.dest, mono() + self.args.timeout, self.stop)
+                send_retry(sock, payload, self.dest, mono() + self.args.timeout, self.stop, st.waits)
             except Stopped:
                 return
             st.sent += 1
@@ -522,4 +527,12 @@ def _summarize(
         cpu_pct=round(cpu, 1),
         errors=errors,
         transport=args.transport,
+        send_waits=_waits(tasks),
     )
+
+
+def _waits(tasks: Sequence[Any]) -> dict[str, float]:
+    total = SendWaits()
+    for t in tasks:
+        total.add(t.stats.waits)
+    return {"eagain": total.eagain, "enobufs": total.enobufs, "slept_s": round(total.slept, 3)}

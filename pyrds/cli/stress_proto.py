@@ -67,26 +67,65 @@ def wait_fd(sock: RDSSocketBase, events: int, timeout: float) -> bool:
         return bool(sel.select(timeout))
 
 
-def send_retry(sock: RDSSocketBase, data: bytes, addr: Any, deadline: float, stop: threading.Event) -> None:
-    """Send on a non-blocking socket, waiting out a full send queue or a congested peer until ``deadline``."""
+@dataclass
+class SendWaits:
+    """What a sender waited for (``pyrds stress --json`` reports it): refusals of a full send queue (EAGAIN),
+    of a congested peer (ENOBUFS), and the seconds slept backing off."""
+
+    eagain: int = 0
+    enobufs: int = 0
+    slept: float = 0.0
+
+    def add(self, other: SendWaits) -> None:
+        self.eagain += other.eagain
+        self.enobufs += other.enobufs
+        self.slept += other.slept
+
+
+def send_retry(
+    sock: RDSSocketBase,
+    data: bytes,
+    addr: Any,
+    deadline: float,
+    stop: threading.Event,
+    waits: SendWaits | None = None,
+) -> None:
+    """Send on a non-blocking socket, waiting out a full send queue or a congested peer until ``deadline``.
+
+    A full send queue (EAGAIN) is waited out on POLLOUT, which says exactly when there is room (rds_poll),
+    and retried at once; only an EAGAIN right after POLLOUT said writable backs off. A congested peer
+    (ENOBUFS) is not reflected in POLLOUT, so that retry backs off (0.5 ms doubling to 20 ms)."""
     backoff = 0.0005
+    writable = False  # POLLOUT came before this attempt
     while True:
         try:
             sock.sendto(data, addr)
             return
         except BlockingIOError:
-            pass
+            congested = False
         except OSError as exc:
             if exc.errno not in RETRY_ERRNOS:
                 raise
+            congested = exc.errno == errno.ENOBUFS
+        if waits is not None:
+            if congested:
+                waits.enobufs += 1
+            else:
+                waits.eagain += 1
         if stop.is_set():
             raise Stopped
         if time.monotonic() > deadline:
             raise StressError("send stalled: the peer is not draining (congested or unreachable)")
-        if not wait_fd(sock, selectors.EVENT_WRITE, 0.05):
+        if not congested and not writable:
+            writable = wait_fd(sock, selectors.EVENT_WRITE, 0.05)
             continue
-        # POLLOUT says there is send space; ENOBUFS (congestion) is not reflected there, so back off a little
+        if not wait_fd(sock, selectors.EVENT_WRITE, 0.05):
+            writable = False
+            continue
+        writable = True
         time.sleep(backoff)
+        if waits is not None:
+            waits.slept += backoff
         backoff = min(backoff * 2, 0.02)
 
 
