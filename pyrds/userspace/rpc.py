@@ -106,6 +106,11 @@ PUSH_HDR = struct.Struct("<IHIBB16s")
 #: most the send buffer's size of them in flight), at :data:`PAGE_SNDBUF_AT` the send buffer the grant was
 #: made for, at :data:`PAGE_EPOCH_AT` the post epoch (a grant is void once it differs from the one the SEND
 #: reply gave). The stack writes the epoch last.
+#: While byte 0 is 1, at :data:`PAGE_SYNC_AT` the point from which a read must be reported synchronously: a
+#: client counts every message it read from its channel as its length plus :data:`PAGE_SYNC_MSG_COST`
+#: (the stack's per-message receive charge), and reports a read synchronously when its count after that read
+#: reaches this value (the first read that can uncongest the port or let a held transport read again); the
+#: reads before it are reported without waiting. The stack writes it before byte 0.
 SHARED_PAGE = 4096
 PAGE_COUNT = struct.Struct("<Q")
 PAGE_QUEUED_AT = 8
@@ -114,6 +119,8 @@ PAGE_RELEASED_AT = 24
 PAGE_SNDBUF_AT = 32
 PAGE_EPOCH_AT = 40
 PAGE_EMPTY_RELEASED_AT = 48
+PAGE_SYNC_AT = 56
+PAGE_SYNC_MSG_COST = 256
 #: reply code of a RECV request: messages were pushed since the client looked; read the data channel first
 RETRY_PUSHED = 100001
 

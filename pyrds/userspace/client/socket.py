@@ -161,6 +161,8 @@ class RDSSocket(RDSSocketBase):
             self._page = mmap.mmap(fds[2], rpc.SHARED_PAGE, mmap.MAP_SHARED, mmap.PROT_READ)
             #: messages read from the data channel (with the page's counts: what the stack's queue holds)
             self._pushed_read = 0
+            #: what it read from the channel, in the page's sync units (rpc.PAGE_SYNC_AT)
+            self._read_charge = 0
             #: bytes and empty messages of every send the stack took (with the page's released counts: its
             #: send buffer), and the grant to post sends without waiting (service/posting.py): destination
             #: and epoch
@@ -303,6 +305,7 @@ class RDSSocket(RDSSocketBase):
         src = _source(raw[:alen], port, scope)
         if not peek:
             self._pushed_read += 1
+            self._read_charge += dlen + rpc.PAGE_SYNC_MSG_COST
             self._consumed(tail)
         return data, [], mflags, src
 
@@ -326,9 +329,10 @@ class RDSSocket(RDSSocketBase):
                     pass
                 # a message queued while we emptied the fd: the stack re-arms it before our recv returns
                 sync = _PAGE_COUNT.unpack_from(page, rpc.PAGE_QUEUED_AT)[0] != queued
-        if sync or page[0]:
-            # the read changes what other sockets see (a congested port uncongests, senders wake), or the fd
-            # must be made true again: as the kernel's recvmsg, return only once the stack has taken it
+        if sync or (page[0] and self._read_charge >= _PAGE_COUNT.unpack_from(page, rpc.PAGE_SYNC_AT)[0]):
+            # the read may change what other sockets see (a congested port uncongests, a held transport
+            # reads again; the reads before the page's sync point cannot), or the fd must be made true again:
+            # as the kernel's recvmsg, return only once the stack has taken it
             try:
                 self._fast([_CONSUMED.pack(rpc.TAG_CONSUMED, 1, drained, 1)])
             except OSError:

@@ -97,6 +97,12 @@ def is_uncongested(queued: int, rcvbuf: int) -> bool:
     return queued < (rcvbuf // 2) // 2
 
 
+def uncongest_budget(queued: int, rcvbuf: int) -> int:
+    """Bytes that may leave a congested queue of ``queued`` bytes before it is uncongested
+    (:func:`is_uncongested` holds only once more than this left); 0 when it already is."""
+    return max(0, queued - (rcvbuf // 2) // 2)
+
+
 def next_congested_state(congested: bool, queued: int, rcvbuf: int) -> bool:
     """New ``rs_congested`` after the receive queue changed to ``queued`` bytes."""
     if not congested and is_congested(queued, rcvbuf):

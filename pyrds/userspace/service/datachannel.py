@@ -91,9 +91,14 @@ class DataChannel:
             os.close(self.page_fd)
             self.page_fd = -1
 
-    def set_sync(self, flag: bool) -> None:
-        """Byte 0 of the shared page: the client reports its reads synchronously while it is 1."""
-        if flag != self.sync and self.page is not None:
+    def set_sync(self, flag: bool, sync_at: int = 0) -> None:
+        """Byte 0 of the shared page: while it is 1 the client reports synchronously each read whose count
+        reaches ``sync_at`` (:data:`pyrds.userspace.rpc.PAGE_SYNC_AT`, written first)."""
+        if self.page is None:
+            return
+        if flag:
+            rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_SYNC_AT, sync_at)
+        if flag != self.sync:
             self.sync = flag
             self.page[0] = 1 if flag else 0
 

@@ -594,6 +594,7 @@ class Stack:
             self.rdma_unuse(rs, inc.rdma_key)
         if inc.rdma_cookie:
             inc.pushable = False  # recvmsg adds RDS_CMSG_RDMA_DEST
+            inc.read_ack = None
         self.counters["recv_queued"] += 1
         self._rcvbuf_delta(rs, len(inc.payload))
         rs.rcv_charge += len(inc.payload) + RECV_MSG_OVERHEAD
@@ -636,13 +637,30 @@ class Stack:
             return
         while rs.pushed < len(queue):
             inc = queue[rs.pushed]
-            if not inc.pushable or len(inc.payload) > sink.max_payload:
+            if not inc.pushable:
+                if inc.read_ack is None or not inc.read_ack.acked:
+                    return
+                inc.pushable = True
+            if len(inc.payload) > sink.max_payload:
                 return
             tail = rs.pushed + 1 == len(queue) and not rs.hist_pollin()
             if not sink.push(inc.saddr.packed, inc.sport, rs.scope_id, inc.payload, tail):
                 return
             rs.pushed += 1
             self.counters["recv_pushed"] += 1
+
+    def push_acked(self, daddr: IPAddress, dport: int) -> None:
+        """A transport learnt that messages it delivered to the socket bound at (``daddr``, ``dport``) earlier
+        as not pushable (their ``read_ack``) may be pushed now: push what waits."""
+        sock_id = self.ports.lookup(normalize(daddr), dport)
+        rs = self.socks.get(sock_id) if sock_id is not None else None
+        if rs is None or rs.dead or rs.push is None:
+            return
+        if self._held is not None:
+            self._held[rs.sock_id] = rs  # pushed after the reply being served (:meth:`hold_pushes`)
+            return
+        self.push_ready(rs)
+        rs.update_readiness()
 
     def consume(self, rs: SockState, count: int, drained: bool) -> None:
         """The client read ``count`` pushed messages from its data channel (a CONSUMED notice): recvmsg's
@@ -652,6 +670,7 @@ class Stack:
             raise StackError(errno.EINVAL)
         self.cong.look(rs)
         for _ in range(count):
+            rs.consumed_charge += len(rs.recv_queue[0].payload) + RECV_MSG_OVERHEAD
             self._dequeue(rs)
         rs.pushed -= count
         self.counters["recv_delivered"] += count
@@ -667,6 +686,8 @@ class Stack:
         rs.rcv_charge -= len(inc.payload) + RECV_MSG_OVERHEAD
         if rs.rcv_waiters and rs.rcv_charge <= recv_cap(rs.rcvbuf) // 2:
             self._resume_readers(rs)
+        elif rs.congested or rs.rcv_waiters:
+            rs.sync_reads()  # a read by request moves the sync point (the client's count does not see it)
         return inc
 
     def receiver_full(self, daddr: IPAddress, dport: int) -> bool:

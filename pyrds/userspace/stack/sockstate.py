@@ -11,6 +11,8 @@ from typing import Any, Protocol
 
 from pyrds.addr import IPAddress
 from pyrds.constants import RDS_MAX_ZCOOKIES, Transport
+from pyrds.userspace.proto.cong import uncongest_budget
+from pyrds.userspace.stack.resources import recv_cap
 
 _inum = itertools.count(1000)
 
@@ -35,10 +37,23 @@ class PushSink(Protocol):
     max_payload: int
 
     def push(self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool) -> bool: ...
-    def set_sync(self, flag: bool) -> None: ...
+    def set_sync(self, flag: bool, sync_at: int = 0) -> None: ...
     def publish_counts(self, queued: int, served: int) -> None: ...
     def publish_send(self, released: int, released_empty: int, sndbuf: int, epoch: int) -> None: ...
     def close(self) -> None: ...
+
+
+class ReadAck:
+    """Whether the ACK for one RDS/TCP read is known to be out (tcp/path.py ``_acked_read``): shared by the
+    messages of a read that was not known acked when it was fed, set once TCP is seen to have sent a segment
+    after it or a later read of the same connection is acked (TCP's ACK is cumulative), so they may then be
+    pushed. ``segs_out``: the connection's tcpi_segs_out just after the read (None: unknown)."""
+
+    __slots__ = ("acked", "segs_out")
+
+    def __init__(self, segs_out: int | None = None) -> None:
+        self.acked = False
+        self.segs_out = segs_out
 
 
 class CongGeneration:
@@ -64,8 +79,11 @@ class Incoming:
     rx_tstamp_ns: int = 0
     #: local_clock() (ns) at the trace points HDR_TO_DGRAM_START, DGRAM_REASSEMBLE, DGRAM_DELIVERED, END
     lat: tuple[int, int, int, int] = (0, 0, 0, 0)
-    #: may go to the reader's data channel (False: served by request; RDS/TCP, see tcp/path.py PUSH_FROM_TCP)
+    #: may go to the reader's data channel (False: served by request, unless ``read_ack`` says its read is
+    #: acked by now; RDS/TCP, see tcp/path.py ``_acked_read``)
     pushable: bool = True
+    #: RDS/TCP: the read this message came in, when it was not known acked then (None: ``pushable`` decides)
+    read_ack: ReadAck | None = None
     #: RDS_EXTHDR_RDMA: the r_key of the receiver's MR an RDMA op of this message used (``rds_rdma_unuse``)
     rdma_key: int | None = None
     #: RDS_EXTHDR_RDMA_DEST as a cookie (r_key | offset << 32): recvmsg gives it as RDS_CMSG_RDMA_DEST
@@ -113,6 +131,9 @@ class SockState:
     rcv_charge: int = 0
     #: transports that stopped reading a connection because this queue is over its cap: key -> resume
     rcv_waiters: dict[int, Callable[[], None]] = field(default_factory=dict)
+    #: messages the client read from its data channel (CONSUMED), each counted as payload +
+    #: RECV_MSG_OVERHEAD: the client counts them the same way (the page's sync point, :meth:`sync_reads`)
+    consumed_charge: int = 0
     congested: bool = False
     snd_bytes: int = 0
     sent: dict[int, Outgoing] = field(default_factory=dict)  # id(Outgoing) -> message, until acked
@@ -207,9 +228,21 @@ class SockState:
 
     def sync_reads(self) -> None:
         """Tell the client whether its reads change what others see at once (congested port, a transport
-        waiting for this queue to drain): then it reports each read before its recv returns."""
-        if self.push is not None:
-            self.push.set_sync(self.congested or bool(self.rcv_waiters))
+        waiting for this queue to drain): then it reports synchronously, before its recv returns, each read
+        from the one that can end that state (``sync_at``, in the units of :attr:`consumed_charge`: a
+        message counts its length plus RECV_MSG_OVERHEAD, at least what it takes off the queue's byte count
+        and exactly what it takes off its charge; arrivals only move the true point later)."""
+        if self.push is None:
+            return
+        budgets = []
+        if self.congested:
+            budgets.append(uncongest_budget(self.rcv_bytes, self.rcvbuf))
+        if self.rcv_waiters:
+            budgets.append(max(0, self.rcv_charge - recv_cap(self.rcvbuf) // 2))
+        if budgets:
+            self.push.set_sync(True, self.consumed_charge + min(budgets))
+        else:
+            self.push.set_sync(False)
 
     def publish_counts(self) -> None:
         """The receive queue's totals on the client's page (service/datachannel.py)."""

@@ -143,6 +143,10 @@ class StackHost(Protocol):
         """Register ``resume`` (once, per ``key``) for when the socket at (daddr, dport) is back under half
         its receive cap or closed; False (nothing registered) if it is not over its cap."""
 
+    def push_acked(self, daddr: IPAddress, dport: int) -> None:
+        """Messages delivered to the socket at (daddr, dport) with a ``read_ack`` that is now set may go to
+        its reader: push them (in order, behind any that still may not)."""
+
     def acked(self, msg: Outgoing) -> None:
         """A sent message will never be sent again: release its send-buffer bytes."""
 

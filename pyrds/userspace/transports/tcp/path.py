@@ -33,12 +33,13 @@ from pyrds.userspace.proto.events import (
 from pyrds.userspace.proto.path import PathEngine, PathState
 from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, Lane
 from pyrds.userspace.stack.counters import count_receive_event
-from pyrds.userspace.stack.sockstate import Incoming, Outgoing
+from pyrds.userspace.stack.sockstate import Incoming, Outgoing, ReadAck
 from pyrds.userspace.stack.transport import EventLoop, StackHost
 from pyrds.userspace.transports.tcp.sockopt import (
     ack_now,
     advertised_mss,
     bind_path_port,
+    segments_out,
     tune,
     unacked_bytes,
     unread_bytes,
@@ -61,6 +62,11 @@ CLOSE_TIMEOUT = 5.0  # graceful close: give up waiting for the peer's FIN
 WRITE_CHUNK = 256 * 1024
 #: reads after the first that :func:`_acked_read` makes at most to get the receive queue empty for the ACK
 ACK_READS = 4
+#: reads not known acked that a path remembers at most (an acked read then lets their messages be pushed); the
+#: messages of older ones are served by request. Sockets it remembers to push to at most (others push at their
+#: next delivery or read)
+MAX_ACK_WAITS = 64
+MAX_ACK_SOCKS = 64
 #: pongs a path holds unacked at most (a peer that pings without reading the pongs): more pings go unanswered
 PONG_MAX = 8192
 
@@ -133,6 +139,15 @@ class TcpPath:
         self._read_acked = False
         #: the current connection's advertised MSS (TCP_INFO; 0: unknown), for :func:`_acked_read`
         self._advmss = 0
+        #: the last read when it was not known acked (its messages carry it as ``read_ack``); None after an
+        #: acked read
+        self._read_ack: ReadAck | None = None
+        #: the reads of the current connection not known acked yet, oldest first, and the sockets their
+        #: messages went to: a later read sets them (:meth:`_note_read`) and pushes there. Bounded: beyond
+        #: MAX_ACK_WAITS reads the oldest are forgotten (their messages stay served by request)
+        self._ack_waits: deque[ReadAck] = deque(maxlen=MAX_ACK_WAITS)
+        self._ack_socks: dict[tuple[IPAddress, int], None] = {}
+        self._acks_learnt = False  # the last read set some of them: push there (:meth:`_after_read`)
         self.staged: deque[Outgoing] = deque()
         self.catchup_scheduled = False
         #: receiving sockets over their cap that this connection waits for (not read while > 0)
@@ -275,6 +290,7 @@ class TcpPath:
         sysctl = self.host.config.sysctl
         tune(s, sysctl["rds_tcp_sndbuf"], sysctl["rds_tcp_rcvbuf"], sysctl["rds_tcp_user_timeout_ms"])
         self._advmss = advertised_mss(s)
+        self._forget_reads()
         svc = self.loop
         self.holds = 0
         self._full.clear()
@@ -371,9 +387,11 @@ class TcpPath:
                 return
             if not data:
                 return
-            data, self._read_acked = _acked_read(self.sock, data, self._advmss if self.up else 0)
+            data, acked = _acked_read(self.sock, data, self._advmss if self.up else 0)
+            self._note_read(acked)
             if not self._feed(data):
                 return
+            self._after_read()
             self._hold_for_full()
 
     def lost(self) -> None:
@@ -403,6 +421,7 @@ class TcpPath:
             self.host.counters["conn_reset"] += 1
         self.outbuf = []
         self.confirmed = False
+        self._forget_reads()
         self.gen += 1
         if self.engine.state != PathState.DOWN:
             self.engine.connection_lost(time.monotonic())
@@ -541,12 +560,58 @@ class TcpPath:
             self.lost()
             return
         # acked before anything read here can reach a reader (docs/userspace.md, "Restart")
-        data, self._read_acked = _acked_read(s, data, self._advmss if self.up else 0)
+        data, acked = _acked_read(s, data, self._advmss if self.up else 0)
+        self._note_read(acked)
         if self._feed(data):
+            self._after_read()
             self._hold_for_full()
             if not self.confirmed:
                 self.confirm()
             self.flush()  # pongs, and acks may have advanced
+
+    # -- when received messages may be pushed (docs/userspace.md, "Restart")
+    def _note_read(self, acked: bool) -> None:
+        """Before the messages of a read are fed: ``acked``, the ACK for all of it is out, and so for every
+        earlier read of this connection (TCP acks cumulatively), whose messages may now be pushed too. Else
+        the earlier reads TCP sent a segment after (``tcpi_segs_out`` moved since) are acked."""
+        waits = self._ack_waits
+        self._read_acked = acked
+        if acked:
+            self._read_ack = None
+            if waits:
+                for wait in waits:
+                    wait.acked = True
+                waits.clear()
+                self._acks_learnt = True
+            return
+        s = self.sock
+        now = segments_out(s) if s is not None else None
+        if now is not None:
+            while waits and waits[0].segs_out is not None and waits[0].segs_out != now:
+                waits.popleft().acked = True
+                self._acks_learnt = True
+        self._read_ack = ReadAck(now)
+        waits.append(self._read_ack)
+
+    def _after_read(self) -> None:
+        """After a read was fed: when it let messages of earlier reads be pushed, push what waits on every
+        socket such messages went to (an acked read's own messages were pushed as they were delivered). The
+        sockets are remembered until no read waits any more."""
+        if not self._acks_learnt:
+            return
+        self._acks_learnt = False
+        socks = list(self._ack_socks)
+        if not self._ack_waits:
+            self._ack_socks = {}
+        for daddr, dport in socks:
+            self.host.push_acked(daddr, dport)
+
+    def _forget_reads(self) -> None:
+        """A new or lost connection: an ACK on it says nothing about the reads of the last one."""
+        self._read_ack = None
+        self._ack_waits.clear()
+        self._ack_socks = {}
+        self._acks_learnt = False
 
     # -- bounded receive (docs/userspace.md, "Bounded resources")
     def _interest(self, write: bool) -> None:
@@ -635,10 +700,14 @@ class TcpPath:
                     0,
                     lat=(now, now, now, 0),
                     # to the reader's data channel only when our TCP's ACK for it is surely out (the read
-                    # left the receive queue empty after TCP_QUICKACK); else served by request, as before
+                    # was acked, :func:`_acked_read`, or a later read of this connection was); until then
+                    # served by request
                     pushable=self._read_acked,
+                    read_ack=self._read_ack,
                 )
                 room = host.deliver(inc)
+                if inc.read_ack is not None and len(self._ack_socks) < MAX_ACK_SOCKS:
+                    self._ack_socks[(self.conn.laddr, h.dport)] = None
                 if not room:
                     self._full.append((self.conn.laddr, h.dport))
             case CongMapReceived(map=cmap):

@@ -12,7 +12,15 @@ import termios
 
 from pyrds.userspace.proto.pathset import dial_port, sport_idx_ports
 
-__all__ = ["ack_now", "advertised_mss", "bind_path_port", "local_port_range", "tune", "unacked_bytes"]
+__all__ = [
+    "ack_now",
+    "advertised_mss",
+    "bind_path_port",
+    "local_port_range",
+    "segments_out",
+    "tune",
+    "unacked_bytes",
+]
 
 _OUTQ = struct.Struct("i")
 
@@ -70,6 +78,26 @@ def advertised_mss(s: socket.socket) -> int:
     except (OSError, struct.error):
         return 0
     return mss if 0 < mss <= 0xFFFF else 0
+
+
+#: struct tcp_info: tcpi_segs_out (u32) at offset 136 (linux/tcp.h, since 4.2): every segment TCP transmitted
+#: on the connection, pure ACKs included (``__tcp_transmit_skb``)
+_TCPI_SEGS_OUT_OFF = 136
+_TCPI_SEGS_OUT_LEN = 140
+
+
+def segments_out(s: socket.socket) -> int | None:
+    """``tcpi_segs_out`` of ``s`` (mod 2**32); None when TCP_INFO cannot say. Every segment TCP transmits
+    carries the ACK of all it had received then (``th->ack_seq = rcv_nxt``), so a count that moved after a
+    read means the bytes of that read were acked."""
+    try:
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_SEGS_OUT_LEN)
+        if len(info) < _TCPI_SEGS_OUT_LEN:
+            return None
+        count: int = _TCPI_ADVMSS.unpack_from(info, _TCPI_SEGS_OUT_OFF)[0]
+    except (OSError, struct.error):
+        return None
+    return count
 
 
 def unread_bytes(s: socket.socket) -> int:
