@@ -65,6 +65,7 @@ class DataChannel:
         self.page_fd = -1
         self.page: mmap.mmap | None = None
         self.sync = False
+        self.blocked = False  # the last push found the channel full and no read was reported since
         try:
             self.page_fd, self.page = _shared_page()
             self.srv.setblocking(False)
@@ -90,6 +91,10 @@ class DataChannel:
         if self.page_fd >= 0:
             os.close(self.page_fd)
             self.page_fd = -1
+
+    def unblock(self) -> None:
+        """The client read from the channel (a CONSUMED notice): pushes may find room again."""
+        self.blocked = False
 
     def set_sync(self, flag: bool, sync_at: int = 0) -> None:
         """Byte 0 of the shared page: while it is 1 the client reports synchronously each read whose count
@@ -120,11 +125,16 @@ class DataChannel:
             rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_EPOCH_AT, epoch)
 
     def push(self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool) -> bool:
-        """One message to the client; False when the channel has no room now (nothing was sent)."""
+        """One message to the client; False when the channel has no room now (nothing was sent). Once the
+        channel was found full, False without trying until :meth:`unblock` (only a client read, which it
+        reports, makes room: a full channel used to cost a failed sendmsg for every message delivered)."""
+        if self.blocked:
+            return False
         head = _HDR.pack(len(payload), sport, scope_id, len(saddr), tail, saddr)
         try:
             self.srv.sendmsg([head, payload], [], socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
+            self.blocked = True
             return False
         except OSError as exc:
             if exc.errno in (errno.EMSGSIZE, errno.ENOBUFS, errno.ENOMEM):

@@ -673,6 +673,8 @@ class Stack:
             rs.consumed_charge += len(rs.recv_queue[0].payload) + RECV_MSG_OVERHEAD
             self._dequeue(rs)
         rs.pushed -= count
+        if rs.push is not None:
+            rs.push.unblock()  # the client's reads made room in its channel
         self.counters["recv_delivered"] += count
         self.counters["copy_to_user"] += count
         self.push_ready(rs)
