@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -57,3 +58,15 @@ def userspace_netns_pair(request: pytest.FixtureRequest, monkeypatch: pytest.Mon
         yield pair
     finally:
         pair.destroy()
+
+
+@pytest.fixture
+def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A connected loopback TCP pair: (ours, non-blocking; the peer's end)."""
+    with socket.create_server(("127.0.0.1", 0)) as lst:
+        peer = socket.create_connection(lst.getsockname())
+        ours, _ = lst.accept()
+    ours.setblocking(False)
+    yield ours, peer
+    ours.close()
+    peer.close()

@@ -78,17 +78,6 @@ class FakeConn:
     def advance(self) -> None: ...
 
 
-@pytest.fixture
-def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    with socket.create_server(("127.0.0.1", 0)) as lst:
-        peer = socket.create_connection(lst.getsockname())
-        ours, _ = lst.accept()
-    ours.setblocking(False)
-    yield ours, peer
-    ours.close()
-    peer.close()
-
-
 def peer_frames(*payloads: bytes) -> bytes:
     eng = PathEngine(FADDR, LADDR, 1)
     eng.connection_made(0.0)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ipaddress
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -77,17 +76,6 @@ def test_a_message_with_an_rdma_cookie_is_never_pushed_even_when_its_read_is_ack
     ack.acked = True
     stack.push_acked(LOCAL, port)
     assert sink.pushed == []
-
-
-@pytest.fixture
-def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    with socket.create_server(("127.0.0.1", 0)) as lst:
-        peer = socket.create_connection(lst.getsockname())
-        ours, _ = lst.accept()
-    ours.setblocking(False)
-    yield ours, peer
-    ours.close()
-    peer.close()
 
 
 class Host:
