@@ -652,8 +652,7 @@ class Stack:
     def push_acked(self, daddr: IPAddress, dport: int) -> None:
         """A transport learnt that messages it delivered to the socket bound at (``daddr``, ``dport``) earlier
         as not pushable (their ``read_ack``) may be pushed now: push what waits."""
-        sock_id = self.ports.lookup(normalize(daddr), dport)
-        rs = self.socks.get(sock_id) if sock_id is not None else None
+        rs = self._bound_sock(daddr, dport)
         if rs is None or rs.dead or rs.push is None:
             return
         if self._held is not None:
@@ -692,10 +691,14 @@ class Stack:
             rs.sync_reads()  # a read by request moves the sync point (the client's count does not see it)
         return inc
 
+    def _bound_sock(self, daddr: IPAddress, dport: int) -> SockState | None:
+        """The socket bound at (``daddr``, ``dport``), if any (dead ones included)."""
+        sock_id = self.ports.lookup(normalize(daddr), dport)
+        return self.socks.get(sock_id) if sock_id is not None else None
+
     def receiver_full(self, daddr: IPAddress, dport: int) -> bool:
         """The socket bound at (``daddr``, ``dport``) holds a receive queue over its cap."""
-        sock_id = self.ports.lookup(normalize(daddr), dport)
-        rs = self.socks.get(sock_id) if sock_id is not None else None
+        rs = self._bound_sock(daddr, dport)
         return rs is not None and not rs.dead and rs.rcv_charge >= recv_cap(rs.rcvbuf)
 
     def hold_reader(self, daddr: IPAddress, dport: int, key: int, resume: Callable[[], None]) -> bool:
@@ -703,8 +706,7 @@ class Stack:
         its receive cap: ``resume`` is called once, when that queue drained to half the cap or the socket
         closed (one waiter per ``key``). False, and nothing registered, when the socket is not over its cap
         (any more): the caller keeps reading."""
-        sock_id = self.ports.lookup(normalize(daddr), dport)
-        rs = self.socks.get(sock_id) if sock_id is not None else None
+        rs = self._bound_sock(daddr, dport)
         if rs is None or rs.dead or rs.rcv_charge < recv_cap(rs.rcvbuf):
             return False
         rs.rcv_waiters[key] = resume

@@ -63,41 +63,36 @@ def unacked_bytes(s: socket.socket) -> int | None:
     return outq
 
 
-#: struct tcp_info: tcpi_advmss (u32) at offset 84 (linux/tcp.h, since 2.6)
-_TCPI_ADVMSS = struct.Struct("=I")
+_TCPI_U32 = struct.Struct("=I")
+#: struct tcp_info (linux/tcp.h): tcpi_advmss at offset 84 (since 2.6); tcpi_segs_out at offset 136 (since
+#: 4.2), every segment TCP transmitted on the connection, pure ACKs included (``__tcp_transmit_skb``)
 _TCPI_ADVMSS_OFF = 84
-_TCPI_ADVMSS_LEN = 88
+_TCPI_SEGS_OUT_OFF = 136
+
+
+def _tcp_info_u32(s: socket.socket, offset: int) -> int | None:
+    """The u32 field of ``s``'s struct tcp_info at ``offset``; None when TCP_INFO cannot say (an error, or
+    a kernel whose struct ends before it)."""
+    try:
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, offset + _TCPI_U32.size)
+        value: int = _TCPI_U32.unpack_from(info, offset)[0]
+    except (OSError, struct.error):
+        return None
+    return value
 
 
 def advertised_mss(s: socket.socket) -> int:
     """The MSS this side advertised on ``s`` (``tcpi_advmss``: an upper bound of the receive MSS estimate
     TCP acks by, ``icsk_ack.rcv_mss``); 0 when TCP_INFO cannot say."""
-    try:
-        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_ADVMSS_LEN)
-        mss: int = _TCPI_ADVMSS.unpack_from(info, _TCPI_ADVMSS_OFF)[0]
-    except (OSError, struct.error):
-        return 0
-    return mss if 0 < mss <= 0xFFFF else 0
-
-
-#: struct tcp_info: tcpi_segs_out (u32) at offset 136 (linux/tcp.h, since 4.2): every segment TCP transmitted
-#: on the connection, pure ACKs included (``__tcp_transmit_skb``)
-_TCPI_SEGS_OUT_OFF = 136
-_TCPI_SEGS_OUT_LEN = 140
+    mss = _tcp_info_u32(s, _TCPI_ADVMSS_OFF)
+    return mss if mss is not None and 0 < mss <= 0xFFFF else 0
 
 
 def segments_out(s: socket.socket) -> int | None:
     """``tcpi_segs_out`` of ``s`` (mod 2**32); None when TCP_INFO cannot say. Every segment TCP transmits
     carries the ACK of all it had received then (``th->ack_seq = rcv_nxt``), so a count that moved after a
     read means the bytes of that read were acked."""
-    try:
-        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_SEGS_OUT_LEN)
-        if len(info) < _TCPI_SEGS_OUT_LEN:
-            return None
-        count: int = _TCPI_ADVMSS.unpack_from(info, _TCPI_SEGS_OUT_OFF)[0]
-    except (OSError, struct.error):
-        return None
-    return count
+    return _tcp_info_u32(s, _TCPI_SEGS_OUT_OFF)
 
 
 def unread_bytes(s: socket.socket) -> int:
