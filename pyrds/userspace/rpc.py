@@ -67,6 +67,8 @@ class Op(enum.IntEnum):
     STATUS = 16
     STOP = 17
     NO_IDLE_EXIT = 18
+    #: the read end of the socket's send waker (service/sendwaker.py), passed with the reply
+    SEND_WAKER = 19
 
 
 #: reply code: a blocking sender must wait for the destination port to uncongest (not an errno)

@@ -41,7 +41,11 @@ from pyrds.constants import RDS_MAX_MSG_SIZE
 from pyrds.userspace import rpc
 from pyrds.userspace.client.autostart import connect_stack
 
-_CONG_POLL = 0.005  # blocking send to a congested port re-checks this often (the kernel sleeps on the map)
+#: a blocking send to a congested port sends again when the stack's send waker says the map changed
+#: (service/sendwaker.py), else after _CONG_WAKE_CAP (a safety net: every way a wait ends wakes it); with no
+#: waker (a service that gives none) it asks again every _CONG_POLL
+_CONG_WAKE_CAP = 0.1
+_CONG_POLL = 0.005
 _POLLIN = select.POLLIN
 _SEND_REQ = rpc.SEND_REQ
 _RECV_REQ = rpc.RECV_REQ
@@ -170,6 +174,9 @@ class RDSSocket(RDSSocketBase):
             self._snd_empty_taken = 0
             self._post_dest: tuple[bytes, int] | None = None
             self._post_epoch = -1
+            #: the read end of the send waker (-1: not asked for yet, or the service gave none)
+            self._waker = -1
+            self._waker_asked = False
             os.close(fds.pop())
         except BaseException:
             for fd in fds:
@@ -347,6 +354,34 @@ class RDSSocket(RDSSocketBase):
             except OSError:
                 pass  # the service went away: the next request says so
 
+    def _wait_cong(self) -> None:
+        """A blocking send was told to wait for a congested port (rds_cong_wait): until the stack's send
+        waker says a map changed or a local receiver drained below its cap (the stack registered this socket
+        before it answered), at most :data:`_CONG_WAKE_CAP`. The first time, the waker is asked for and the
+        send goes again at once (an update may have come before the waker existed)."""
+        if self._waker < 0:
+            if not self._waker_asked:
+                self._waker_asked = True
+                fds: list[int] = []
+                try:
+                    self._call(rpc.Op.SEND_WAKER, (), want_fds=1, fds_out=fds)
+                except OSError:
+                    pass  # a service without wakers (EINVAL), or out of descriptors: poll as before
+                if fds:
+                    self._waker = fds.pop(0)
+                for fd in fds:
+                    os.close(fd)
+                if self._waker >= 0:
+                    return
+            time.sleep(_CONG_POLL)
+            return
+        if self._poll(self._waker, int(_CONG_WAKE_CAP * 1000)):
+            try:
+                while len(os.read(self._waker, 64)) == 64:
+                    pass
+            except OSError:
+                pass
+
     @staticmethod
     def _poll(fd: int, timeout_ms: int) -> bool:
         p = select.poll()
@@ -442,7 +477,7 @@ class RDSSocket(RDSSocketBase):
                 if exc.errno == errno.EAGAIN:
                     ok = self._wait(select.POLLOUT, deadline)
                 else:  # congested destination: the kernel sleeps on the map's waitqueue
-                    time.sleep(_CONG_POLL)
+                    self._wait_cong()
                     ok = True
                 if not ok:
                     raise TimeoutError("timed out") from None
@@ -591,6 +626,9 @@ class RDSSocket(RDSSocketBase):
             self._ready.close()
             self._data.close()
             self._page.close()
+            if self._waker >= 0:
+                os.close(self._waker)
+                self._waker = -1
 
     def __del__(self) -> None:
         try:

@@ -28,6 +28,7 @@ from pyrds.userspace import rpc
 from pyrds.userspace.config import SYSCTL_NON_NEGATIVE, PeerCred
 from pyrds.userspace.service.datachannel import DataChannel
 from pyrds.userspace.service.readiness import Readiness
+from pyrds.userspace.service.sendwaker import SendWaker
 from pyrds.userspace.service.trust import has_cap_net_admin, may_administer
 from pyrds.userspace.stack import info_tables, sockopts
 from pyrds.userspace.stack.core import Stack
@@ -80,6 +81,19 @@ def _open(req: Request, _args: Any) -> int:
         req.fds.extend((ready.client_fd(), *channel.client_fds()))
         req.after_reply.append(channel.handed_over)
     return req.rs.sock_id
+
+
+def _send_waker(req: Request, _args: Any) -> int:
+    """The read end of the socket's send waker (service/sendwaker.py), made on the first request; a new pipe
+    each time it is asked for again (the client lost its end), the old one closed."""
+    rs = req.sock
+    if rs.send_waker is not None:
+        rs.send_waker.close()
+    waker = SendWaker()
+    rs.send_waker = waker
+    req.fds.append(waker.client_fd())
+    req.after_reply.append(waker.handed_over)
+    return 0
 
 
 def _sysctl_get(req: Request, _args: Any) -> dict[str, int]:
@@ -228,6 +242,7 @@ HANDLERS: dict[rpc.Op, Handler] = {
     rpc.Op.STATUS: _status,
     rpc.Op.STOP: _stop,
     rpc.Op.NO_IDLE_EXIT: _no_idle_exit,
+    rpc.Op.SEND_WAKER: _send_waker,
 }
 #: operations served without an RDS socket (before OPEN, or stack-wide)
 WITHOUT_SOCKET = frozenset(

@@ -27,6 +27,10 @@ class CongestionTable:
         self.generation = CongGeneration()
         #: sockets with rs_seen_congestion (the kernel's rds_poll_waitq sleepers): woken on every map update
         self.waiters: dict[int, SockState] = {}
+        #: sockets whose blocking send was told to wait for a congested port (the sleepers on the kernel's
+        #: map waitqueue, rds_cong_wait): woken once by the next map update, then forgotten (a send that
+        #: finds the port still congested waits again)
+        self.sleepers: dict[int, SockState] = {}
         #: called with the local address whose map changed (the stack queues the updates)
         self.on_local_change: Callable[[IPAddress], None] = lambda addr: None
 
@@ -69,6 +73,7 @@ class CongestionTable:
         congestion, move monitored ports in ``portmask`` from rs_cong_mask to rs_cong_notify."""
         self._counters["cong_update_received"] += 1
         self.generation.value += 1
+        self.wake_sleepers()
         for rs in list(self.waiters.values()):
             wake(rs)
         if not portmask:
@@ -83,6 +88,21 @@ class CongestionTable:
         """rds_sendmsg: ``rs->rs_seen_congestion = 1`` after rds_cong_wait failed."""
         rs.seen_congestion = True
         self.waiters[rs.sock_id] = rs
+
+    def sleep(self, rs: SockState) -> None:
+        """A blocking send of ``rs`` must wait (a congested port, or a local receiver over its cap): wake it
+        at the next map update or when a local receiver drops below its cap."""
+        self.sleepers[rs.sock_id] = rs
+
+    def wake_sleepers(self) -> None:
+        """Every waiting blocking sender sends again (one that still finds its port congested waits again)."""
+        if not self.sleepers:
+            return
+        sleepers = list(self.sleepers.values())
+        self.sleepers.clear()
+        for rs in sleepers:
+            if rs.send_waker is not None:
+                rs.send_waker.wake()
 
     def look(self, rs: SockState) -> None:
         """The socket looks at the generation (the kernel does it in rds_poll; the userspace stack, whose
@@ -99,6 +119,7 @@ class CongestionTable:
 
     def forget(self, rs: SockState) -> None:
         self.waiters.pop(rs.sock_id, None)
+        self.sleepers.pop(rs.sock_id, None)
 
     def monitor(self, rs: SockState, on: bool) -> None:
         """setsockopt(RDS_CONG_MONITOR): rds_cong_add_socket, or rds_cong_remove_socket and a reset mask."""

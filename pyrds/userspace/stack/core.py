@@ -157,6 +157,8 @@ class Stack:
             self._rcvbuf_delta(rs, -len(inc.payload))
         rs.recv_queue.clear()
         rs.pushed = 0
+        if rs.rcv_charge >= recv_cap(rs.rcvbuf):
+            self.cong.wake_sleepers()  # a local sender refused for its cap now finds no socket
         rs.rcv_charge = 0
         self._resume_readers(rs)
         self.cong.remove_socket(rs)
@@ -174,6 +176,9 @@ class Stack:
         if rs.push is not None:
             rs.push.close()
             rs.push = None
+        if rs.send_waker is not None:
+            rs.send_waker.close()
+            rs.send_waker = None
         if big:
             release_memory()
 
@@ -316,6 +321,7 @@ class Stack:
         elif self.cong.test(daddr, dport):
             if not nonblock:
                 self.counters["cong_send_blocked"] += 1
+                self.cong.sleep(rs)
                 raise MustWait()
             if rs.cong_monitor:
                 rs.cong_mask |= 1 << (dport % 64)
@@ -339,6 +345,7 @@ class Stack:
             # kernel, which would queue without limit): refused like a congested port
             self.counters["send_cap_refused"] += 1
             if not nonblock:
+                self.cong.sleep(rs)
                 raise MustWait()
             raise StackError(errno.ENOBUFS)
         assert rs.bound_addr is not None  # _send_checks: ENOTCONN otherwise
@@ -684,7 +691,10 @@ class Stack:
     def _dequeue(self, rs: SockState) -> Incoming:
         inc = rs.recv_queue.popleft()
         self._rcvbuf_delta(rs, -len(inc.payload))
-        rs.rcv_charge -= len(inc.payload) + RECV_MSG_OVERHEAD
+        charge = rs.rcv_charge
+        rs.rcv_charge = charge - len(inc.payload) - RECV_MSG_OVERHEAD
+        if self.cong.sleepers and charge >= recv_cap(rs.rcvbuf) > rs.rcv_charge:
+            self.cong.wake_sleepers()  # a local sender refused for this receiver's cap may send again
         if rs.rcv_waiters and rs.rcv_charge <= recv_cap(rs.rcvbuf) // 2:
             self._resume_readers(rs)
         elif rs.congested or rs.rcv_waiters:

@@ -44,6 +44,14 @@ class PushSink(Protocol):
     def close(self) -> None: ...
 
 
+class WakerSink(Protocol):
+    """How a blocking sender that waits for a congested port is woken: the service's send waker
+    (service/sendwaker.py)."""
+
+    def wake(self) -> None: ...
+    def close(self) -> None: ...
+
+
 class ReadAck:
     """Whether the ACK for one RDS/TCP read is known to be out (tcp/path.py ``_acked_read``): shared by the
     messages of a read that was not known acked when it was fed, set once TCP is seen to have sent a segment
@@ -156,6 +164,8 @@ class SockState:
     readiness: ReadinessSink | None = None
     #: the client's data channel (None: every message is served by request)
     push: PushSink | None = None
+    #: wakes the client's blocking send that waits for a congested port (None: the client polls)
+    send_waker: WakerSink | None = None
     #: how many messages at the head of ``recv_queue`` were pushed and not yet reported consumed
     pushed: int = 0
     #: messages the receive queue ever took, and those of them that left it by request (published to the

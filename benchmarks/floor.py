@@ -1,0 +1,347 @@
+"""What a userspace stack's process structure costs before any RDS work (issue 10, docs/userspace-profile.md).
+
+pyrds's userspace stack is one service per network namespace, shared by that namespace's processes and
+trusted like the kernel: every message goes client -> service -> TCP -> service -> client, two process hops
+per direction that the kernel does inside the sender's and the receiver's system calls. This measures, in one
+guest boot, request/response between two namespaces joined by a veth pair, each loop the least Python can do
+(blocking calls, no poll, no checks):
+
+- ``kernel``: AF_RDS over the kernel's RDS/TCP, stdlib ``socket.socket`` (the issue's baseline);
+- ``relay``: the same loop over an AF_UNIX SOCK_SEQPACKET to a minimal relay process per namespace, the relays
+  joined by one TCP connection (a 4-byte length per message, TCP_NODELAY): the process structure of the
+  userspace stack with none of its work (no RDS header, sequence, ack, accounting, readiness fd);
+- ``userspace``: the same loop on ``pyrds.socket("userspace")``.
+
+``relay / kernel`` is the ceiling of any stack built this way on this machine; ``userspace / relay`` is how
+much of it pyrds keeps. Guest only (root, AF_RDS, rds_tcp):
+``python benchmarks/floor.py [--size 1024] [-T 4] [--repeat 3]``; the last line is ``PYRDS-FLOOR-JSON``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import socket
+import struct
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from topology import USERSPACE_PORT, Node, make_pair, teardown  # noqa: E402
+
+AF_RDS = 21
+RDS_PORT = 4000
+RELAY_TCP_PORT = 17000
+_LEN = struct.Struct("!I")
+
+
+def _unix_name(tag: str) -> str:
+    return "\0pyrds-floor-" + tag  # abstract: one per network namespace
+
+
+# -- the loops (each its own process, in its namespace)
+def _requester(send: Any, recv: Any, size: int, seconds: float) -> float:
+    data = b"x" * size
+    n = 0
+    end = time.monotonic() + seconds
+    start = time.monotonic()
+    while True:
+        send(data)
+        recv()
+        n += 1
+        if n & 63 == 0 and time.monotonic() >= end:
+            break
+    return n / (time.monotonic() - start)
+
+
+def _responder(recvfrom: Any, sendto: Any) -> None:
+    print("ready", flush=True)
+    while True:
+        _data, src = recvfrom(1 << 17)
+        sendto(b"", src)
+
+
+def _sender(send: Any, size: int) -> None:
+    data = b"x" * size
+    print("ready", flush=True)
+    while True:
+        send(data)
+
+
+def _receiver(recv: Any, seconds: float) -> float:
+    """Messages per second from the first message on, for ``seconds``."""
+    print("ready", flush=True)
+    recv(1 << 17)
+    n = 0
+    start = time.monotonic()
+    end = start + seconds
+    while True:
+        recv(1 << 17)
+        n += 1
+        if n & 63 == 0 and time.monotonic() >= end:
+            break
+    return n / (time.monotonic() - start)
+
+
+def _rds_socket(kind: str, addr: str) -> Any:
+    if kind == "kernel":
+        s = socket.socket(AF_RDS, socket.SOCK_SEQPACKET, 0)
+    else:
+        import pyrds
+
+        s = pyrds.socket("userspace")
+    s.bind((addr, RDS_PORT))
+    return s
+
+
+def _relay_client(tag: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(_unix_name(tag))
+    return s
+
+
+def cmd_end(kind: str, role: str, addr: str, peer: str, size: int, seconds: float) -> None:
+    """One end of one cell: ``kind`` kernel, userspace (an RDS socket bound at ``addr``) or relay (the
+    relay client of namespace tag ``addr``); ``role`` req, resp, send or recv."""
+    if kind == "relay":
+        r = _relay_client(addr)
+        send, recv = r.send, r.recv
+        recvfrom, sendto = (lambda n: (r.recv(n), None)), (lambda d, _a: r.send(d))
+    else:
+        s = _rds_socket(kind, addr)
+        dest = (peer, RDS_PORT)
+        send, recv, recvfrom, sendto = (lambda d: s.sendto(d, dest)), s.recv, s.recvfrom, s.sendto
+    try:
+        if role == "resp":
+            _responder(recvfrom, sendto)
+        elif role == "send":
+            _sender(send, size)
+        elif role == "req":
+            print(json.dumps({"rate": _requester(send, lambda: recv(1 << 17), size, seconds)}), flush=True)
+        else:
+            print(json.dumps({"rate": _receiver(recv, seconds)}), flush=True)
+    except OSError:
+        pass  # the other end was stopped
+
+
+def cmd_relay(tag: str, listen: bool, peer: str) -> None:
+    """One client (AF_UNIX SOCK_SEQPACKET) <-> one TCP connection to the other namespace's relay, with
+    flow control both ways (a full TCP send buffer stops reading the client; a client that does not read
+    stops reading TCP)."""
+    lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    lst.bind(_unix_name(tag))
+    lst.listen(1)
+    if listen:
+        tl = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tl.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        tl.bind(("0.0.0.0", RELAY_TCP_PORT))
+        tl.listen(1)
+        print("ready", flush=True)
+        tcp, _ = tl.accept()
+    else:
+        tcp = socket.create_connection((peer, RELAY_TCP_PORT))
+        print("ready", flush=True)
+    tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    client, _ = lst.accept()
+    tcp.setblocking(False)
+    client.setblocking(False)
+    sel = selectors.DefaultSelector()
+    R, W = selectors.EVENT_READ, selectors.EVENT_WRITE
+    out = bytearray()  # framed, for TCP
+    pending = bytearray()  # from TCP, not yet a whole frame
+    backlog: list[bytes] = []  # whole messages the client has no room for yet
+    masks: dict[socket.socket, int] = {client: 0, tcp: 0}
+
+    def interest(sock: socket.socket, mask: int) -> None:
+        old = masks[sock]
+        if mask == old:
+            return  # an epoll_ctl only when the interest changes
+        if not old:
+            sel.register(sock, mask)
+        elif not mask:
+            sel.unregister(sock)
+        else:
+            sel.modify(sock, mask)
+        masks[sock] = mask
+
+    interest(client, R)
+    interest(tcp, R)
+    while True:
+        for key, ev in sel.select():
+            if key.fileobj is client:
+                if ev & R:
+                    for _ in range(64):
+                        try:
+                            msg = client.recv(1 << 17)
+                        except BlockingIOError:
+                            break
+                        out += _LEN.pack(len(msg)) + msg
+                        if len(out) >= 1 << 20:
+                            break
+                if ev & W:
+                    while backlog:
+                        try:
+                            client.send(backlog[0])
+                        except BlockingIOError:
+                            break
+                        del backlog[0]
+            else:
+                if ev & W and out:
+                    try:
+                        del out[: tcp.send(out)]
+                    except BlockingIOError:
+                        pass
+                if ev & R:
+                    chunk = tcp.recv(1 << 18)
+                    if not chunk:
+                        return
+                    pending += chunk
+                    while len(pending) >= 4:
+                        (n,) = _LEN.unpack_from(pending)
+                        if len(pending) < 4 + n:
+                            break
+                        backlog.append(bytes(pending[4 : 4 + n]))
+                        del pending[: 4 + n]
+                    while backlog:
+                        try:
+                            client.send(backlog[0])
+                        except BlockingIOError:
+                            break
+                        del backlog[0]
+        if out:
+            try:
+                del out[: tcp.send(out)]
+            except BlockingIOError:
+                pass
+        interest(client, (R if len(out) < 1 << 20 else 0) | (W if backlog else 0))
+        interest(tcp, (0 if backlog else R) | (W if out else 0))
+
+
+# -- the driver
+KINDS = ("kernel", "relay", "userspace")
+#: (mode, message size): issue 10's two userspace targets
+CELLS = (("rr", 1024), ("oneway", 65536))
+
+
+def _spawn(node: Node, *args: str) -> Any:
+    import subprocess
+
+    return node.popen(
+        [sys.executable, str(Path(__file__).resolve()), *args], stdout=subprocess.PIPE, text=True
+    )
+
+
+def _ready(p: Any) -> None:
+    line = p.stdout.readline()
+    if line.strip() != "ready":
+        raise RuntimeError(f"a floor process did not start: {line!r}")
+
+
+def _stop(*procs: Any) -> None:
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def run_cell(kind: str, mode: str, a: Node, b: Node, size: int, seconds: float) -> float:
+    """One cell: the measuring end (requester, or receiver for one-way) reports its rate."""
+    relays: list[Any] = []
+    if kind == "relay":
+        relays.append(_spawn(b, "relay", "b", "listen", "-"))
+        _ready(relays[-1])
+        relays.append(_spawn(a, "relay", "a", "connect", b.addr))
+        _ready(relays[-1])
+        at_a, at_b = "a", "b"
+    else:
+        at_a, at_b = a.addr, b.addr
+    t = str(seconds)
+    try:
+        if mode == "rr":
+            other = _spawn(b, "end", kind, "resp", at_b, a.addr, "0", t)
+            _ready(other)
+            measuring = _spawn(a, "end", kind, "req", at_a, b.addr, str(size), t)
+        else:
+            measuring = _spawn(b, "end", kind, "recv", at_b, a.addr, "0", t)
+            _ready(measuring)
+            other = _spawn(a, "end", kind, "send", at_a, b.addr, str(size), t)
+            _ready(other)
+        out, _ = measuring.communicate(timeout=seconds + 120)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if not lines:
+            raise RuntimeError(f"{kind} {mode} {size} B: no rate")
+        rate = float(json.loads(lines[-1])["rate"])
+        _stop(other)
+    finally:
+        _stop(*relays)
+    return rate
+
+
+def measure(seconds: float, repeat: int, kinds: Sequence[str] = KINDS) -> list[dict[str, Any]]:
+    """Every cell of CELLS for every kind, alternating, ``repeat`` times, in one namespace pair of its own
+    (the stacks dial each other on USERSPACE_PORT; no nftables redirect, which topology.userspace_node adds
+    for mixed pairs: the kernel's RDS/TCP keeps 16385 to itself here)."""
+    a, b = make_pair("fl", "10.97.0")
+    for node in (a, b):
+        node.env.update({"PYRDS_TCP_PORT": str(USERSPACE_PORT), "PYRDS_TCP_PEER_PORT": str(USERSPACE_PORT)})
+    rows: list[dict[str, Any]] = []
+    try:
+        for rep in range(repeat):
+            for mode, size in CELLS:
+                for kind in kinds:
+                    rate = run_cell(kind, mode, a, b, size, seconds)
+                    rows.append(
+                        {"kind": kind, "mode": mode, "size": size, "rep": rep, "msgs_per_s": round(rate, 1)}
+                    )
+                    print(
+                        f"[floor] {kind:9} {mode:6} {size:6} B: {rate:8.1f} msgs/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        teardown([a, b])
+    return rows
+
+
+def best(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, float]]:
+    """(mode, size) -> kind -> the best rate of its repeats (the one least disturbed by the machine)."""
+    out: dict[tuple[str, int], dict[str, float]] = {}
+    for r in rows:
+        cell = out.setdefault((r["mode"], r["size"]), {})
+        cell[r["kind"]] = max(cell.get(r["kind"], 0.0), r["msgs_per_s"])
+    return out
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("end", "relay"):
+        if sys.argv[1] == "relay":
+            cmd_relay(sys.argv[2], sys.argv[3] == "listen", sys.argv[4])
+        else:
+            kind, role, addr, peer, size, seconds = sys.argv[2:8]
+            cmd_end(kind, role, addr, peer, int(size), float(seconds))
+        return
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("-T", "--duration", type=float, default=4.0)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--kinds", default=",".join(KINDS), help="rows, comma-separated")
+    args = ap.parse_args()
+    rows = measure(args.duration, args.repeat, [k for k in args.kinds.split(",") if k])
+    for (mode, size), rates in best(rows).items():
+        line = f"{mode} {size} B, best msgs/s: " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
+        if {"kernel", "relay", "userspace"} <= rates.keys():
+            k, r, u = rates["kernel"], rates["relay"], rates["userspace"]
+            line += (
+                f"; relay/kernel {r / k:.2f}x, userspace/kernel {u / k:.2f}x, userspace/relay {u / r:.2f}x"
+            )
+        print(line, flush=True)
+    print("PYRDS-FLOOR-JSON " + json.dumps({"rows": rows, "kernel": os.uname().release}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
