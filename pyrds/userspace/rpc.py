@@ -90,9 +90,12 @@ RECV_REQ = struct.Struct("<BqqiB")
 RECV_REP = struct.Struct("<iiHIBI")
 #: a notice: the client read ``count`` pushed messages from its data channel; ``drained``: it then found the
 #: channel empty and emptied its readiness fd (the last message was the tail of the queue); ``reply``: answer
-#: it with a SEND_REP (the shared page asked for synchronous reads), else no reply
+#: it with a SEND_REP (the shared page asked for synchronous reads), else no reply; ``ready_taken``: the bytes
+#: the client ever took from its readiness fd, mod 2**32 (with those the service sent and took itself, the
+#: service knows the fd is empty without reading it). CONSUMED_V1 (no ``ready_taken``) is still accepted.
 TAG_CONSUMED = 0x03
-CONSUMED = struct.Struct("<BIBB")
+CONSUMED = struct.Struct("<BIBBI")
+CONSUMED_V1 = struct.Struct("<BIBB")
 #: one pushed message on the data channel: data length, source port, scope id, len(packed saddr), tail
 #: (nothing else was readable when it was pushed), the packed source address (16 bytes, the first len used);
 #: then the data

@@ -46,6 +46,7 @@ from pyrds.userspace.client.autostart import connect_stack
 #: waker (a service that gives none) it asks again every _CONG_POLL
 _CONG_WAKE_CAP = 0.1
 _CONG_POLL = 0.005
+_U32 = 0xFFFFFFFF
 _POLLIN = select.POLLIN
 _SEND_REQ = rpc.SEND_REQ
 _RECV_REQ = rpc.RECV_REQ
@@ -174,6 +175,8 @@ class RDSSocket(RDSSocketBase):
             self._snd_empty_taken = 0
             self._post_dest: tuple[bytes, int] | None = None
             self._post_epoch = -1
+            #: bytes ever taken from the readiness fd (told to the service with each CONSUMED notice)
+            self._ready_taken = 0
             #: the read end of the send waker (-1: not asked for yet, or the service gave none)
             self._waker = -1
             self._waker_asked = False
@@ -319,10 +322,10 @@ class RDSSocket(RDSSocketBase):
     def _consumed(self, tail: bool) -> None:
         drained = sync = False
         page = self._page
-        if tail and not self._poll(self._data.fileno(), 0):
-            # nothing else was readable when it was pushed, and nothing was pushed since; and, by the page's
-            # counts, the stack's queue holds nothing more (a message queued after this one was pushed may
-            # not be in the channel yet): not readable now
+        if tail:
+            # nothing else was readable when it was pushed; and, by the page's counts, every message the
+            # stack's queue ever took was read here or served by request: nothing is in the channel or the
+            # queue (the stack counts a message before it pushes it), so the socket is not readable now
             served = _PAGE_COUNT.unpack_from(page, rpc.PAGE_SERVED_AT)[0]
             queued = _PAGE_COUNT.unpack_from(page, rpc.PAGE_QUEUED_AT)[0]
             if queued - served == self._pushed_read:
@@ -330,8 +333,11 @@ class RDSSocket(RDSSocketBase):
                 try:
                     # one read takes every byte queued (a stream read walks the whole receive queue); the
                     # service waited for each byte's delivery before it pushed anything after it
-                    while len(self._ready.recv(4096, _MSG_DONTWAIT)) == 4096:
-                        pass
+                    while True:
+                        got = len(self._ready.recv(4096, _MSG_DONTWAIT))
+                        self._ready_taken += got
+                        if got != 4096:
+                            break
                 except OSError:
                     pass
                 # a message queued while we emptied the fd: the stack re-arms it before our recv returns
@@ -341,7 +347,7 @@ class RDSSocket(RDSSocketBase):
             # reads again; the reads before the page's sync point cannot), or the fd must be made true again:
             # as the kernel's recvmsg, return only once the stack has taken it
             try:
-                self._fast([_CONSUMED.pack(rpc.TAG_CONSUMED, 1, drained, 1)])
+                self._fast([_CONSUMED.pack(rpc.TAG_CONSUMED, 1, drained, 1, self._ready_taken & _U32)])
             except OSError:
                 pass  # closed, or the service went away: the message is the caller's all the same
             return
@@ -350,7 +356,7 @@ class RDSSocket(RDSSocketBase):
             if ctl is None:
                 return
             try:
-                ctl.send(b"\0" + _CONSUMED.pack(rpc.TAG_CONSUMED, 1, drained, 0))
+                ctl.send(b"\0" + _CONSUMED.pack(rpc.TAG_CONSUMED, 1, drained, 0, self._ready_taken & _U32))
             except OSError:
                 pass  # the service went away: the next request says so
 
@@ -387,6 +393,26 @@ class RDSSocket(RDSSocketBase):
         p = select.poll()
         p.register(fd, _POLLIN)
         return bool(p.poll(timeout_ms))
+
+    def _wait_input(self, deadline: float | None) -> bool | None:
+        """poll() the data channel and the readiness fd for input: True when the channel has a message,
+        False when only the readiness fd is readable (the stack holds input it did not push), None on
+        timeout."""
+        p = select.poll()
+        p.register(self._fd, _POLLIN)
+        data = self._data.fileno()
+        p.register(data, _POLLIN)
+        while True:
+            if deadline is None:
+                ms = -1
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                ms = max(1, int(left * 1000))
+            got = p.poll(ms)
+            if got:
+                return any(fd == data for fd, _ev in got)
 
     def _wait(self, events: int, deadline: float | None) -> bool:
         """poll() the readiness fd (and, for input, the data channel); False on timeout."""
@@ -527,13 +553,16 @@ class RDSSocket(RDSSocketBase):
                     return got
                 # nothing pushed: anything else readable shows on the readiness fd (the service keeps its
                 # POLLIN true while it holds input); a non-blocking recv then fails with EAGAIN without a
-                # round trip, a blocking one waits before asking
-                if not self._readable():
-                    if not (blocking or timed):
+                # round trip, a blocking one waits for either fd (one poll) before asking
+                if not (blocking or timed):
+                    if not self._readable():
                         raise os_error(errno.EAGAIN)
-                    if not self._wait(select.POLLIN, deadline):
+                elif self._ctl is not None:
+                    ready = self._wait_input(deadline)
+                    if ready is None:
                         raise TimeoutError("timed out")
-                    continue
+                    if ready:
+                        continue  # the data channel: read it
             try:
                 if fast:
                     return self._recv_once(bufsize, ancbufsize, flags, not blocking)

@@ -24,6 +24,7 @@ _NB = socket.MSG_DONTWAIT
 _STUCK = 16384  # bytes parked in A (B's window is closed): tcp_poll's writability follows A's SO_SNDBUF
 _BIG_SNDBUF = 1 << 20  # capped by net.core.wmem_max; far above the parked bytes
 _TIMEOUT = 2.0
+_U32 = 0xFFFFFFFF
 #: struct tcp_info: tcpi_bytes_received (u64) at offset 128 (linux/tcp.h, since 4.1)
 _TCPI_BYTES_RECEIVED = struct.Struct("=Q")
 _TCPI_BYTES_RECEIVED_OFF = 128
@@ -103,8 +104,10 @@ class Readiness:
             self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # clamps to SOCK_MIN_SNDBUF
         self.readable = False
         self.writable = True
-        #: bytes sent into B (A's tcpi_bytes_received reaches it once they all arrived)
+        #: bytes sent into B (A's tcpi_bytes_received reaches it once they all arrived), and those of them
+        #: this side read back from A
         self.sent = 0
+        self.taken = 0
         #: A's POLLIN, asked after every byte sent: one poll object for the socket's life (the service is
         #: single-threaded, so it is never polled twice at once)
         self._pollin = select.poll()
@@ -128,8 +131,11 @@ class Readiness:
                     self._await_delivery()  # loopback delivery deferred to ksoftirqd
             else:
                 # one read takes all that A holds (a stream read walks its whole receive queue)
-                while len(self.a.recv(4096, _NB)) == 4096:
-                    pass
+                while True:
+                    got = len(self.a.recv(4096, _NB))
+                    self.taken += got
+                    if got != 4096:
+                        break
         except (BlockingIOError, InterruptedError):
             pass
         except OSError:
@@ -151,9 +157,15 @@ class Readiness:
             self._a_readable(5)
             deadline -= 1
 
-    def client_drained(self, readable: bool) -> None:
+    def client_drained(self, readable: bool, client_taken: int | None = None) -> None:
         """The client emptied A itself (it read the tail of the queue from its data channel): whatever this
-        side last did, make A's POLLIN say ``readable`` now."""
+        side last did, make A's POLLIN say ``readable`` now. ``client_taken``: the bytes the client ever
+        took from A (mod 2**32); when with what this side took they are every byte sent, A is empty and
+        not readable without a read to make sure (a byte that was still on its way when the client emptied
+        A, or a client that says so wrongly, gets the read)."""
+        if not readable and client_taken is not None and (client_taken + self.taken - self.sent) & _U32 == 0:
+            self.readable = False
+            return
         self.readable = not readable
         self.set_readable(readable)
 

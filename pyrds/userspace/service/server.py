@@ -293,11 +293,15 @@ class Service:
         """A CONSUMED notice (answered only when it asks: the client's recv then waits for it). A malformed
         one, or one claiming more than was pushed, drops this connection (struct.error / OSError reach
         :meth:`_on_control`): only the client that sent it loses."""
-        _tag, count, drained, reply = rpc.CONSUMED.unpack(record)
+        taken: int | None = None
+        if len(record) == rpc.CONSUMED_V1.size:
+            _tag, count, drained, reply = rpc.CONSUMED_V1.unpack(record)
+        else:
+            _tag, count, drained, reply, taken = rpc.CONSUMED.unpack(record)
         if ctl.rs is None:
             raise OSError(errno.EBADF, "CONSUMED before OPEN")
         try:
-            self.stack.consume(ctl.rs, count, bool(drained))
+            self.stack.consume(ctl.rs, count, bool(drained), taken)
         except StackError as exc:
             raise OSError(exc.code, "CONSUMED more than was pushed") from None
         if reply:

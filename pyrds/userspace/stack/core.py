@@ -668,10 +668,11 @@ class Stack:
         self.push_ready(rs)
         rs.update_readiness()
 
-    def consume(self, rs: SockState, count: int, drained: bool) -> None:
+    def consume(self, rs: SockState, count: int, drained: bool, ready_taken: int | None = None) -> None:
         """The client read ``count`` pushed messages from its data channel (a CONSUMED notice): recvmsg's
-        accounting for each, then push what waits; ``drained``: the client emptied its readiness fd.
-        StackError(EINVAL) when it claims more than was pushed (nothing is changed)."""
+        accounting for each, then push what waits; ``drained``: the client emptied its readiness fd, and
+        ``ready_taken`` is what it ever took from it (None: not said). StackError(EINVAL) when it claims
+        more than was pushed (nothing is changed)."""
         if not 0 < count <= rs.pushed:
             raise StackError(errno.EINVAL)
         self.cong.look(rs)
@@ -685,7 +686,7 @@ class Stack:
         self.counters["copy_to_user"] += count
         self.push_ready(rs)
         if drained:
-            rs.resync_readiness()
+            rs.resync_readiness(ready_taken)
         rs.update_readiness()
 
     def _dequeue(self, rs: SockState) -> Incoming:

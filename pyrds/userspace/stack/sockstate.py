@@ -26,7 +26,7 @@ class ReadinessSink(Protocol):
 
     def set_readable(self, flag: bool) -> None: ...
     def set_writable(self, flag: bool) -> None: ...
-    def client_drained(self, readable: bool) -> None: ...
+    def client_drained(self, readable: bool, client_taken: int | None = None) -> None: ...
     def close(self) -> None: ...
 
 
@@ -268,11 +268,12 @@ class SockState:
                 self.snd_released, self.snd_empty_released, self.grant_sndbuf, self.post_epoch
             )
 
-    def resync_readiness(self) -> None:
-        """The client emptied the readiness fd after reading the tail of the queue: make it true again."""
+    def resync_readiness(self, client_taken: int | None = None) -> None:
+        """The client emptied the readiness fd after reading the tail of the queue (``client_taken``: the
+        bytes it ever took from it, if it said): make it true again."""
         r = self.readiness
         if r is not None:
-            r.client_drained(self.has_input() or self.hist_pollin())
+            r.client_drained(self.has_input() or self.hist_pollin(), client_taken)
 
     def update_readiness(self) -> None:
         r = self.readiness

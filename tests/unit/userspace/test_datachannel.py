@@ -104,7 +104,7 @@ def test_a_notice_claiming_unpushed_reads_drops_only_that_client(pair: Pair) -> 
     assert _readable(b._data.fileno(), 2000)
     ctl = b._ctl
     assert ctl is not None
-    ctl.send(b"\0" + rpc.CONSUMED.pack(rpc.TAG_CONSUMED, 5, 0, 1))  # 5 read, 1 was pushed
+    ctl.send(b"\0" + rpc.CONSUMED_V1.pack(rpc.TAG_CONSUMED, 5, 0, 1))  # 5 read, 1 was pushed
     with pytest.raises(OSError) as exc:
         b.getsockname()
     assert exc.value.errno == errno.EPIPE

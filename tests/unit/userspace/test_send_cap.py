@@ -42,7 +42,7 @@ class Poll:
     def set_writable(self, flag: bool) -> None:
         self.writable = flag
 
-    def client_drained(self, readable: bool) -> None:
+    def client_drained(self, readable: bool, client_taken: int | None = None) -> None:
         self.readable = readable
 
     def close(self) -> None:
