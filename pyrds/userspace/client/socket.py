@@ -294,10 +294,18 @@ class RDSSocket(RDSSocketBase):
             raise os_error(errno.EPIPE, "bad reply from the pyrds stack service") from None
         return data, anc, mflags, src
 
-    def _pushed(self, bufsize: int, flags: int) -> tuple[bytes, Any, int, Any] | None:
+    def _pushed(self, bufsize: int, flags: int, by_page: bool = True) -> tuple[bytes, Any, int, Any] | None:
         """One message from the data channel (None: it is empty). Not a peek: the service is told, and when
         the message was the tail of the queue and the channel is now empty, the readiness fd is emptied here
-        (the service makes it true again if anything arrived meanwhile)."""
+        (the service makes it true again if anything arrived meanwhile). ``by_page``: believe the page when
+        it says the channel is empty (not after poll said it is readable: a service that died leaves a
+        page that says so for good, and only the read finds the channel closed)."""
+        page = self._page
+        served = _PAGE_COUNT.unpack_from(page, rpc.PAGE_SERVED_AT)[0]  # served first (publish_counts)
+        if by_page and _PAGE_COUNT.unpack_from(page, rpc.PAGE_QUEUED_AT)[0] - served == self._pushed_read:
+            # every message the stack's queue took was read here or served by request (it counts one before
+            # pushing it): the channel is empty, no read needed to find out
+            return None
         peek = flags & _MSG_PEEK
         want = _HDR_SIZE + bufsize
         buf = _push_buffer(want)
@@ -541,6 +549,7 @@ class RDSSocket(RDSSocketBase):
         deadline = None if self._timeout is None else self._deadline()
         fast = bufsize < 1 << 62 and ancbufsize < 1 << 62
         oob = flags & _MSG_OOB
+        by_page = True
         while True:
             if self._ctl is None:
                 raise os_error(errno.EBADF)
@@ -548,9 +557,10 @@ class RDSSocket(RDSSocketBase):
                 if not self._wait(select.POLLIN, deadline):
                     raise TimeoutError("timed out")
             if not oob:
-                got = self._pushed(min(bufsize, RDS_MAX_MSG_SIZE), flags)
+                got = self._pushed(min(bufsize, RDS_MAX_MSG_SIZE), flags, by_page)
                 if got is not None:
                     return got
+                by_page = True
                 # nothing pushed: anything else readable shows on the readiness fd (the service keeps its
                 # POLLIN true while it holds input); a non-blocking recv then fails with EAGAIN without a
                 # round trip, a blocking one waits for either fd (one poll) before asking
@@ -562,6 +572,7 @@ class RDSSocket(RDSSocketBase):
                     if ready is None:
                         raise TimeoutError("timed out")
                     if ready:
+                        by_page = False
                         continue  # the data channel: read it
             try:
                 if fast:

@@ -101,3 +101,50 @@ def test_service_trusts_a_drain_count_that_covers_every_byte() -> None:
     finally:
         r.a = getattr(r.a, "_sock", r.a)
         r.close()
+
+
+class _CountingData:
+    """The client's data channel socket, its reads counted."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.reads = 0
+
+    def recv_into(self, *args: Any) -> int:
+        self.reads += 1
+        return self._sock.recv_into(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def test_an_empty_socket_is_known_empty_from_the_page() -> None:
+    """A non-blocking recv with nothing queued fails with EAGAIN without reading the data channel: the
+    page's counts say every message the queue took was read (the stack counts one before pushing it)."""
+    rx = pyrds.socket("userspace")
+    tx = pyrds.socket("userspace")
+    try:
+        rx.bind(("127.0.0.1", 0))
+        tx.bind(("127.0.0.1", 0))
+        dest = rx.getsockname()
+        tx.sendto(b"one", dest)
+        assert rx.recv(100) == b"one"
+        data = _CountingData(rx._data)  # type: ignore[attr-defined]
+        rx._data = data  # type: ignore[attr-defined]
+        rx.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            rx.recv(100)
+        assert data.reads == 0
+        tx.sendto(b"two", dest)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert rx.recv(100) == b"two"
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline
+                select.select([rx], [], [], 1)
+        assert data.reads >= 1
+    finally:
+        rx.close()
+        tx.close()
