@@ -39,6 +39,7 @@ from topology import USERSPACE_PORT, Node, make_pair, teardown  # noqa: E402
 AF_RDS = 21
 RDS_PORT = 4000
 RELAY_TCP_PORT = 17000
+MAX_MSG = 1 << 20  # RDS_MAX_MSG_SIZE
 _LEN = struct.Struct("!I")
 
 
@@ -146,17 +147,22 @@ def cmd_relay(tag: str, listen: bool, peer: str) -> None:
         print("ready", flush=True)
         tcp, _ = tl.accept()
     else:
-        tcp = socket.create_connection((peer, RELAY_TCP_PORT))
+        deadline = time.monotonic() + 10
+        while True:  # the listening relay may still be starting
+            try:
+                tcp = socket.create_connection((peer, RELAY_TCP_PORT))
+                break
+            except ConnectionRefusedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         print("ready", flush=True)
     tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     client, _ = lst.accept()
     tcp.setblocking(False)
     client.setblocking(False)
     sel = selectors.DefaultSelector()
-    R, W = selectors.EVENT_READ, selectors.EVENT_WRITE
-    out = bytearray()  # framed, for TCP
-    pending = bytearray()  # from TCP, not yet a whole frame
-    backlog: list[bytes] = []  # whole messages the client has no room for yet
+    R = selectors.EVENT_READ
     masks: dict[socket.socket, int] = {client: 0, tcp: 0}
 
     def interest(sock: socket.socket, mask: int) -> None:
@@ -173,16 +179,36 @@ def cmd_relay(tag: str, listen: bool, peer: str) -> None:
 
     interest(client, R)
     interest(tcp, R)
+    try:
+        _relay_loop(sel, client, tcp, interest)
+    except (ConnectionError, OSError):
+        pass  # the other relay or the client went away: the cell is over
+    finally:
+        sel.close()
+        client.close()
+        tcp.close()
+
+
+def _relay_loop(sel: Any, client: socket.socket, tcp: socket.socket, interest: Any) -> None:
+    R, W = selectors.EVENT_READ, selectors.EVENT_WRITE
+    out = bytearray()  # framed, for TCP
+    pending = bytearray()  # from TCP, not yet a whole frame
+    backlog: list[bytes] = []  # whole messages the client has no room for yet
+    inbuf = bytearray(MAX_MSG + 1)  # one client message (SOCK_SEQPACKET: never more than RDS carries)
+    inview = memoryview(inbuf)
+    tcpbuf = bytearray(1 << 18)  # preallocated: a fresh 256 KiB bytes per read would be an mmap each
+    tcpview = memoryview(tcpbuf)
     while True:
         for key, ev in sel.select():
             if key.fileobj is client:
                 if ev & R:
                     for _ in range(64):
                         try:
-                            msg = client.recv(1 << 17)
+                            n = client.recv_into(inbuf)
                         except BlockingIOError:
                             break
-                        out += _LEN.pack(len(msg)) + msg
+                        out += _LEN.pack(n)
+                        out += inview[:n]
                         if len(out) >= 1 << 20:
                             break
                 if ev & W:
@@ -199,10 +225,10 @@ def cmd_relay(tag: str, listen: bool, peer: str) -> None:
                     except BlockingIOError:
                         pass
                 if ev & R:
-                    chunk = tcp.recv(1 << 18)
-                    if not chunk:
+                    got = tcp.recv_into(tcpbuf)
+                    if not got:
                         return
-                    pending += chunk
+                    pending += tcpview[:got]
                     while len(pending) >= 4:
                         (n,) = _LEN.unpack_from(pending)
                         if len(pending) < 4 + n:

@@ -188,6 +188,7 @@ def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
         *_fanin_section(data.get("fanin")),
         *_many_section(data.get("many_sockets")),
         *_memory_section(data.get("queued_memory")),
+        *_floor_section(data.get("floor")),
         *_ib_section(data.get("ib")),
         f"![chart]({png.name}) - {how}",
         "",
@@ -335,6 +336,39 @@ def _fanin_section(sec: dict[str, Any] | None) -> list[str]:
             ]
             if r.get("error"):
                 cells[-1] += f" (error: {r['error']})"
+        out.append("| " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def _floor_section(sec: dict[str, Any] | None) -> list[str]:
+    out = ["## Floor: what the process structure costs before any RDS work (benchmarks/floor.py)", ""]
+    if not sec:
+        return out + _not_measured("floor rows", "floor")
+    out += _measured_line(sec)
+    out += [
+        "The userspace stack is one service per network namespace: every message goes client -> service ->",
+        "TCP -> service -> client, two process hops per direction that the kernel does inside the sender's",
+        "and the receiver's system calls. Here every row is the least Python can do, in one namespace pair",
+        "of its own: blocking calls, no poll, no checks. `kernel` is AF_RDS over RDS/TCP (stdlib sockets);",
+        "`relay` is the same loop over an AF_UNIX SOCK_SEQPACKET to a minimal relay process per namespace,",
+        "the two relays joined by one TCP connection (a 4-byte length per message): the userspace stack's",
+        "process structure with none of its work (no RDS header, sequence, ack, accounting, readiness fd);",
+        '`userspace` is the same loop on `pyrds.socket("userspace")`. relay / kernel is the ceiling of any',
+        "stack built this way on this machine; userspace / relay is how much of it pyrds keeps. Best of "
+        f"{sec.get('repeat', '?')} alternating runs of {sec.get('seconds', '?'):g} s per cell.",
+        "",
+        "| cell | kernel msgs/s | relay msgs/s | userspace msgs/s | relay / kernel | userspace / kernel |"
+        " userspace / relay |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    best: dict[tuple[str, int], dict[str, float]] = {}
+    for r in sec.get("rows") or []:
+        cell = best.setdefault((r["mode"], r["size"]), {})
+        cell[r["kind"]] = max(cell.get(r["kind"], 0.0), r.get("msgs_per_s") or 0.0)
+    for (mode, size), rates in best.items():
+        k, rl, u = rates.get("kernel"), rates.get("relay"), rates.get("userspace")
+        name = ("request/response" if mode == "rr" else "one-way") + f" {_size(size)}"
+        cells = [name, _fmt(k), _fmt(rl), _fmt(u), _ratio(rl, k), _ratio(u, k), _ratio(u, rl)]
         out.append("| " + " | ".join(cells) + " |")
     return out + [""]
 

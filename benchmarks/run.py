@@ -1,16 +1,17 @@
 """pyrds benchmark: the kernel driven by stdlib sockets (the baseline), the kernel driven by pyrds.kernel,
 userspace<->userspace, mixed and plain TCP over veth, plus the per-call cost of pyrds.kernel against the
 stdlib (benchmarks/percall.py), fan-in, many sockets per process and memory per queued message
-(benchmarks/sections.py), and the same stress cells over RDS/IB on rdma_rxe (soft-RoCE on a dummy netdev in
-the initial namespace; benchmarks/ib_section.py), in ONE guest run.
+(benchmarks/sections.py), the process-structure floor (benchmarks/floor.py), and the same stress cells over
+RDS/IB on rdma_rxe (soft-RoCE on a dummy netdev in the initial namespace; benchmarks/ib_section.py), in ONE
+guest run.
 
 Host:   ``python benchmarks/run.py``           boots the guest (python -m vm run), runs the guest phase, then
                                                writes docs/benchmarks.md and docs/benchmarks.png here.
 Guest:  ``python benchmarks/run.py --guest``   (root + AF_RDS) prints one ``PYRDS-BENCH-JSON`` line.
 Render: ``python benchmarks/run.py --from-json results.json``  rewrites the report from saved results.
 
-``--sections`` picks what is measured (stress, fanin, many, mem, percall, ib; default all); on the host,
-``--merge`` keeps what --save-json already holds of the sections not measured this time, e.g.
+``--sections`` picks what is measured (stress, fanin, many, mem, percall, floor, ib; default all); on the
+host, ``--merge`` keeps what --save-json already holds of the sections not measured this time, e.g.
 ``python benchmarks/run.py --kernel 7.3 --sections fanin,many,mem --merge``. ``--only`` (scenario label
 substring) narrows every section.
 
@@ -49,9 +50,15 @@ from topology import KERNEL_PORT, USERSPACE_PORT, Node, make_pair, teardown, use
 
 MARK = "PYRDS-BENCH-JSON "
 #: what --sections names, in the order a guest run measures them
-SECTIONS = ("stress", "fanin", "many", "mem", "percall", "ib")
+SECTIONS = ("stress", "fanin", "many", "mem", "percall", "floor", "ib")
 #: the results file's key of each newer section (absent in older files; the report says "not measured")
-SECTION_KEYS = {"fanin": "fanin", "many": "many_sockets", "mem": "queued_memory", "ib": "ib"}
+SECTION_KEYS = {
+    "fanin": "fanin",
+    "many": "many_sockets",
+    "mem": "queued_memory",
+    "floor": "floor",
+    "ib": "ib",
+}
 SIZES = (0, 1024, 8192, 65536)
 PY = sys.executable
 
@@ -144,6 +151,16 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
         if args.percall_before:
             variants["before"] = percall.loaded_socket(args.percall_before)
         percall_rows = percall.measure(variants, args.percall_rounds, False)
+    if "floor" in want and args.floor_repeat > 0:
+        import floor
+
+        sections["floor"] = {
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": machine(),
+            "seconds": args.duration,
+            "repeat": args.floor_repeat,
+            "rows": floor.measure(args.duration, args.floor_repeat),
+        }
     if "ib" in want:
         # last: it unloads and reloads rds_rdma and leaves kernel RDS/IB connections behind (ib_section.py)
         import ib_section
@@ -225,6 +242,8 @@ def host_phase(args: argparse.Namespace) -> int:
         str(args.mem_limit),
         "--section-seconds",
         str(args.section_seconds),
+        "--floor-repeat",
+        str(args.floor_repeat),
         "--ib-sizes",
         ",".join(map(str, args.ib_sizes)),
     ]
@@ -339,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-limit", type=int, default=2000, help="queued memory: messages at most (2000)")
     ap.add_argument(
         "--section-seconds", type=float, default=5.0, help="fan-in and many-sockets: seconds of sending (5)"
+    )
+    ap.add_argument(
+        "--floor-repeat", type=int, default=3, help="floor: alternating repeats of each cell (3; 0 = skip)"
     )
     ap.add_argument(
         "--ib-sizes",
