@@ -212,12 +212,7 @@ def _relay_loop(sel: Any, client: socket.socket, tcp: socket.socket, interest: A
                         if len(out) >= 1 << 20:
                             break
                 if ev & W:
-                    while backlog:
-                        try:
-                            client.send(backlog[0])
-                        except BlockingIOError:
-                            break
-                        del backlog[0]
+                    _deliver(client, backlog)
             else:
                 if ev & W and out:
                     try:
@@ -235,12 +230,7 @@ def _relay_loop(sel: Any, client: socket.socket, tcp: socket.socket, interest: A
                             break
                         backlog.append(bytes(pending[4 : 4 + n]))
                         del pending[: 4 + n]
-                    while backlog:
-                        try:
-                            client.send(backlog[0])
-                        except BlockingIOError:
-                            break
-                        del backlog[0]
+                    _deliver(client, backlog)
         if out:
             try:
                 del out[: tcp.send(out)]
@@ -248,6 +238,16 @@ def _relay_loop(sel: Any, client: socket.socket, tcp: socket.socket, interest: A
                 pass
         interest(client, (R if len(out) < 1 << 20 else 0) | (W if backlog else 0))
         interest(tcp, (0 if backlog else R) | (W if out else 0))
+
+
+def _deliver(client: socket.socket, backlog: list[bytes]) -> None:
+    """Whole messages to the client while it has room; the rest stay in ``backlog``."""
+    while backlog:
+        try:
+            client.send(backlog[0])
+        except BlockingIOError:
+            return
+        del backlog[0]
 
 
 # -- the driver

@@ -83,6 +83,21 @@ _dests: dict[Any, tuple[bytes, int]] = {}
 _sources: dict[tuple[bytes, int, int], SockAddr] = {}
 
 
+def _poll_until(p: select.poll, deadline: float | None) -> list[tuple[int, int]] | None:
+    """``p.poll()`` until something is ready (its events) or ``deadline`` passes (None)."""
+    while True:
+        if deadline is None:
+            ms = -1
+        else:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ms = max(1, int(left * 1000))
+        got = p.poll(ms)
+        if got:
+            return got
+
+
 def _pack_dest(address: Any) -> tuple[bytes, int]:
     """(packed IP, port) of a destination; the common plain (str, int) tuples are cached."""
     cacheable = (
@@ -410,17 +425,8 @@ class RDSSocket(RDSSocketBase):
         p.register(self._fd, _POLLIN)
         data = self._data.fileno()
         p.register(data, _POLLIN)
-        while True:
-            if deadline is None:
-                ms = -1
-            else:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                ms = max(1, int(left * 1000))
-            got = p.poll(ms)
-            if got:
-                return any(fd == data for fd, _ev in got)
+        got = _poll_until(p, deadline)
+        return None if got is None else any(fd == data for fd, _ev in got)
 
     def _wait(self, events: int, deadline: float | None) -> bool:
         """poll() the readiness fd (and, for input, the data channel); False on timeout."""
@@ -428,16 +434,7 @@ class RDSSocket(RDSSocketBase):
         p.register(self._fd, events)
         if events & _POLLIN:
             p.register(self._data.fileno(), _POLLIN)
-        while True:
-            if deadline is None:
-                ms = -1
-            else:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                ms = max(1, int(left * 1000))
-            if p.poll(ms):
-                return True
+        return _poll_until(p, deadline) is not None
 
     def _deadline(self) -> float | None:
         return None if self._timeout is None else time.monotonic() + self._timeout

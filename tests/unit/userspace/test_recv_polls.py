@@ -10,6 +10,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,43 +38,60 @@ class _CountingPoll:
         return self._p.poll(timeout)
 
 
-def test_a_blocking_recv_that_waits_polls_once(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def loop_pair() -> Iterator[tuple[Any, Any, Any]]:
+    """A receiving and a sending userspace socket on 127.0.0.1 (the loop connection set up by a first
+    message, read), and the receiver's address."""
     rx = pyrds.socket("userspace")
     tx = pyrds.socket("userspace")
     try:
         rx.bind(("127.0.0.1", 0))
         tx.bind(("127.0.0.1", 0))
         dest = rx.getsockname()
-        tx.sendto(b"warm", dest)  # the first message sets up the loop connection
+        tx.sendto(b"warm", dest)
         assert rx.recv(100) == b"warm"
-        monkeypatch.setattr(client_socket.select, "poll", _CountingPoll)
-        _CountingPoll.calls = 0
-        timer = threading.Timer(0.2, lambda: tx.sendto(b"later", dest))
-        timer.start()
-        try:
-            assert rx.recv(100) == b"later"
-        finally:
-            timer.join()
-        # EAGAIN on the data channel, one poll of the data channel and the readiness fd, the read; the
-        # tail read is followed by no poll (was: a poll of the readiness fd before waiting, and one of the
-        # data channel after the read)
-        assert _CountingPoll.calls == 1
+        yield rx, tx, dest
     finally:
         rx.close()
         tx.close()
 
 
-class _CountingSock:
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self.recvs = 0
+def test_a_blocking_recv_that_waits_polls_once(
+    loop_pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rx, tx, dest = loop_pair
+    monkeypatch.setattr(client_socket.select, "poll", _CountingPoll)
+    _CountingPoll.calls = 0
+    timer = threading.Timer(0.2, lambda: tx.sendto(b"later", dest))
+    timer.start()
+    try:
+        assert rx.recv(100) == b"later"
+    finally:
+        timer.join()
+    # one poll of the data channel and the readiness fd, then the read; no read of the empty channel before
+    # it, no poll after the tail read (was: a read that failed with EAGAIN, a poll of the readiness fd
+    # before waiting, and one of the data channel after the read)
+    assert _CountingPoll.calls == 1
 
-    def recv(self, n: int, flags: int = 0) -> bytes:
-        self.recvs += 1
-        return self._sock.recv(n, flags)
+
+class _Counting:
+    """A socket whose calls of one method are counted (everything else passes through)."""
+
+    def __init__(self, sock: socket.socket, method: str) -> None:
+        self._sock = sock
+        self._method = method
+        self.calls = 0
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
+        attr = getattr(self._sock, name)
+        if name != self._method:
+            return attr
+
+        def counted(*args: Any) -> Any:
+            self.calls += 1
+            return attr(*args)
+
+        return counted
 
 
 def test_service_trusts_a_drain_count_that_covers_every_byte() -> None:
@@ -89,62 +107,37 @@ def test_service_trusts_a_drain_count_that_covers_every_byte() -> None:
             except BlockingIOError:
                 time.sleep(0.01)
         assert got == b"r"
-        counted = _CountingSock(r.a)
+        counted = _Counting(r.a, "recv")
         r.a = counted  # type: ignore[assignment]
         r.client_drained(False, 1)
-        assert not r.readable and counted.recvs == 0
+        assert not r.readable and counted.calls == 0
         # a count that does not cover every byte sent: the service reads the fd to make sure
         r.set_readable(True)
         r.client_drained(False, 1)
-        assert not r.readable and counted.recvs >= 1
+        assert not r.readable and counted.calls >= 1
         assert not select.select([counted._sock], [], [], 0.2)[0], "the fd still holds a byte"
     finally:
         r.a = getattr(r.a, "_sock", r.a)
         r.close()
 
 
-class _CountingData:
-    """The client's data channel socket, its reads counted."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self.reads = 0
-
-    def recv_into(self, *args: Any) -> int:
-        self.reads += 1
-        return self._sock.recv_into(*args)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
-
-
-def test_an_empty_socket_is_known_empty_from_the_page() -> None:
+def test_an_empty_socket_is_known_empty_from_the_page(loop_pair: tuple[Any, Any, Any]) -> None:
     """A non-blocking recv with nothing queued fails with EAGAIN without reading the data channel: the
     page's counts say every message the queue took was read (the stack counts one before pushing it)."""
-    rx = pyrds.socket("userspace")
-    tx = pyrds.socket("userspace")
-    try:
-        rx.bind(("127.0.0.1", 0))
-        tx.bind(("127.0.0.1", 0))
-        dest = rx.getsockname()
-        tx.sendto(b"one", dest)
-        assert rx.recv(100) == b"one"
-        data = _CountingData(rx._data)  # type: ignore[attr-defined]
-        rx._data = data  # type: ignore[attr-defined]
-        rx.setblocking(False)
-        with pytest.raises(BlockingIOError):
-            rx.recv(100)
-        assert data.reads == 0
-        tx.sendto(b"two", dest)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                assert rx.recv(100) == b"two"
-                break
-            except BlockingIOError:
-                assert time.monotonic() < deadline
-                select.select([rx], [], [], 1)
-        assert data.reads >= 1
-    finally:
-        rx.close()
-        tx.close()
+    rx, tx, dest = loop_pair
+    data = _Counting(rx._data, "recv_into")
+    rx._data = data
+    rx.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        rx.recv(100)
+    assert data.calls == 0
+    tx.sendto(b"two", dest)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert rx.recv(100) == b"two"
+            break
+        except BlockingIOError:
+            assert time.monotonic() < deadline
+            select.select([rx], [], [], 1)
+    assert data.calls >= 1
