@@ -315,9 +315,7 @@ class RDSSocket(RDSSocketBase):
         (the service makes it true again if anything arrived meanwhile). ``by_page``: believe the page when
         it says the channel is empty (not after poll said it is readable: a service that died leaves a
         page that says so for good, and only the read finds the channel closed)."""
-        page = self._page
-        served = _PAGE_COUNT.unpack_from(page, rpc.PAGE_SERVED_AT)[0]  # served first (publish_counts)
-        if by_page and _PAGE_COUNT.unpack_from(page, rpc.PAGE_QUEUED_AT)[0] - served == self._pushed_read:
+        if by_page and not self._page_unread()[1]:
             # every message the stack's queue took was read here or served by request (it counts one before
             # pushing it): the channel is empty, no read needed to find out
             return None
@@ -342,6 +340,15 @@ class RDSSocket(RDSSocketBase):
             self._consumed(tail)
         return data, [], mflags, src
 
+    def _page_unread(self) -> tuple[int, int]:
+        """From the shared page: the messages the stack's queue ever took, and how many of them were neither
+        read here from the channel nor served by request (in the channel or still queued). Served is read
+        first: the stack writes it first (publish_counts), so a half-updated pair can only overstate."""
+        page = self._page
+        served: int = _PAGE_COUNT.unpack_from(page, rpc.PAGE_SERVED_AT)[0]
+        queued: int = _PAGE_COUNT.unpack_from(page, rpc.PAGE_QUEUED_AT)[0]
+        return queued, queued - served - self._pushed_read
+
     def _consumed(self, tail: bool) -> None:
         drained = sync = False
         page = self._page
@@ -349,9 +356,8 @@ class RDSSocket(RDSSocketBase):
             # nothing else was readable when it was pushed; and, by the page's counts, every message the
             # stack's queue ever took was read here or served by request: nothing is in the channel or the
             # queue (the stack counts a message before it pushes it), so the socket is not readable now
-            served = _PAGE_COUNT.unpack_from(page, rpc.PAGE_SERVED_AT)[0]
-            queued = _PAGE_COUNT.unpack_from(page, rpc.PAGE_QUEUED_AT)[0]
-            if queued - served == self._pushed_read:
+            queued, unread = self._page_unread()
+            if not unread:
                 drained = True
                 try:
                     # one read takes every byte queued (a stream read walks the whole receive queue); the
