@@ -18,6 +18,7 @@ and ``nft`` are spawned from a thread that ``setns``-ed into the node's namespac
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import re
@@ -318,8 +319,9 @@ class TwoNodes:
             try:
                 # RDS/TCP's own connections only (not the readiness pairs on 127.0.0.1), with their timers
                 # (-o: a retransmission backoff or keepalive) and memory (-m: a full receive buffer)
-                port = str(node.tcp_port)
-                rds_tcp = f"( sport = :{port} or dport = :{port} )"
+                # (a node whose stack listens on another port still dials the peer's RDS_TCP_PORT)
+                ports = sorted({node.tcp_port, RDS_TCP_PORT})
+                rds_tcp = "( " + " or ".join(f"sport = :{p} or dport = :{p}" for p in ports) + " )"
                 print(node.sh("ss", "-tnimoa", rds_tcp, check=False).stdout)
                 print(
                     "  TCP drops and timeouts (nstat):",
@@ -329,6 +331,33 @@ class TwoNodes:
                 print(f"  (ss/nstat failed: {type(exc).__name__}: {exc})")
             tables = (InfoType.RDS_INFO_CONNECTIONS, InfoType.RDS_INFO_TCP_SOCKETS)
             print_rds_state(sock, node.backend, tables)
+        self.print_congestion_views(socks)
+
+    def print_congestion_views(self, socks: Sequence[RemoteSocket]) -> None:
+        """Which node sees which test socket's port as congested, told by a fresh non-blocking probe socket
+        on each node sending 0 bytes to each test socket. To its own node's socket the probe goes over the
+        loop connection, whose map is the address's own live map (rds_cong_get_maps: laddr == faddr); to
+        the other node's it goes over RDS/TCP and reads this node's copy of the peer's map. So a stalled
+        sender on ENOBUFS with its peer's own map clear holds a stale copy; with the peer's own map set the
+        peer itself still counts the port as congested. Never raises."""
+        for node in self.nodes:
+            for dest_node, dest in zip(self.nodes, socks, strict=False):
+                try:
+                    daddr = dest.getsockname()
+                    probe = node.socket()
+                    try:
+                        probe.bind((node.addr4, 0))
+                        probe.setblocking(False)
+                        probe.sendto(b"", daddr)
+                        seen = "clear (sent)"
+                    except OSError as exc:
+                        seen = "congested (ENOBUFS)" if exc.errno == errno.ENOBUFS else f"errno {exc.errno}"
+                    finally:
+                        probe.close()
+                    whose = "its own map" if dest_node is node else "its copy of the peer's map"
+                    print(f"  congestion probe {node.backend} {node.addr4} -> {daddr} ({whose}): {seen}")
+                except Exception as exc:  # noqa: BLE001 - a diagnostic must not replace the test's own error
+                    print(f"  (congestion probe failed: {type(exc).__name__}: {exc})")
 
     def healthy(self) -> bool:
         """False once an agent's request stream was interrupted (a test timeout) or its process died, or a
