@@ -1,7 +1,7 @@
 """The congestion probe of a failed two-node scenario's diagnosis (TwoNodes.print_congestion_views): each
 node says whether it sees each test socket's port as congested, its own map over the loop connection and its
-copy of the peer's map over RDS/TCP, so a stalled sender's stale copy is told apart from a receiver that still counts
-its port as congested."""
+copy of the peer's map over RDS/TCP, so a stalled sender's stale copy is told apart from a receiver that
+still counts its port as congested."""
 
 from __future__ import annotations
 
