@@ -1,8 +1,8 @@
 """Two RDS nodes in two network namespaces joined by a veth pair, each driven through an :class:`Agent`.
 
-Node A gets 10.99.<k>.1 / fd00:99:<k>::1 (the numerically smaller address: it owns the RDS/TCP connection
-and is
-the side that dials and reconnects), node B gets .2 / ::2.
+Node A gets 10.<100+w>.<k>.1 / fd00:<100+w>:<k>::1 (:func:`pair_addresses`; w is the xdist worker: pairs
+alive at once never share an address) -- the numerically smaller address: it owns the RDS/TCP connection and
+is the side that dials and reconnects -- and node B gets .2 / ::2.
 
 Mixed kernel/userspace nodes: once ``rds_tcp`` is loaded the kernel listens on 16385 in EVERY namespace, so a
 userspace node cannot listen there. Its agent (and thus the stack service it starts) gets
@@ -146,6 +146,32 @@ _TCP_TROUBLE = re.compile(
 )
 
 
+def worker_index() -> int:
+    """This process's pytest-xdist worker number (``gw3`` -> 3); outside xdist a number from the pid, so that
+    separate runs on one kernel are unlikely to meet (the xdist workers of one run never do)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        return int(worker[2:])
+    return 50 + os.getpid() % 50
+
+
+def pair_addresses(worker: int, k: int) -> list[tuple[str, str]]:
+    """Node A's and node B's (IPv4, IPv6) addresses of the ``k``-th pair made by ``worker``: the /24
+    10.<100 + worker>.<k>.0 and the /64 fd00:<100 + worker>:<k>::, A on .1/::1, B on .2/::2.
+
+    Pairs that live at the same time must never share an address, not even in different namespaces: the
+    kernel keeps one congestion map per address for the whole host (cong.c's rds_cong_tree), the local map of
+    a node and the copy another namespace holds of a peer with that address being one object, and binds
+    in one table for every namespace. With two xdist workers on one subnet, a map message of one pair can
+    overwrite the other pair's local map (a congested bit its receiver never clears again: the suspected
+    cause of a userspace->kernel stall on ENOBUFS in a 7.3 CI run, 2026-11-28). A worker reuses a
+    subnet only after 256 pairs, long after the old pair's namespaces are gone. (10.99.0.0/16 stays the
+    IB fabric's and the inter-guest link's.)"""
+    second = 100 + worker % 100
+    third = k % 256
+    return [(f"10.{second}.{third}.{i}", f"fd00:{second}:{third}::{i}") for i in (1, 2)]
+
+
 def tcp_trouble(nstat_output: str) -> dict[str, int]:
     """The non-zero :data:`_TCP_TROUBLE` counters of ``nstat -asz`` output."""
     found: dict[str, int] = {}
@@ -179,10 +205,9 @@ class TwoNodes:
     def create(cls, backends: Sequence[str]) -> TwoNodes:
         k = next(_counter)
         tag = f"{os.getpid() % 100000}x{k}"
-        subnet = (os.getpid() + k) % 200 + 20
         names = [f"rdsA{tag}", f"rdsB{tag}"]
         ifs = ["vethA", "vethB"]
-        addrs = [(f"10.99.{subnet}.{i}", f"fd00:99:{subnet}::{i}") for i in (1, 2)]
+        addrs = pair_addresses(worker_index(), k)
         created: list[str] = []
         agents: list[Agent] = []
         try:
