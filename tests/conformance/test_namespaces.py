@@ -1,0 +1,120 @@
+"""Congestion across network namespaces that carry the same address.
+
+The kernel keeps one congestion map per address for the whole host (cong.c's rds_cong_tree, keyed by
+address alone): a port congested in one namespace is refused with ENOBUFS to senders in another namespace
+with the same address (docs/kernel-vs-facts.md row 19). The userspace stack is one stack per namespace, with
+its own maps, so there the other namespace's senders get through. The scenario records which (observation
+``congested_across_namespaces``); everything else it asserts holds on both.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pyrds import netns
+from pyrds.testing.agent import Agent
+from pyrds.testing.topology import (
+    USERSPACE_ALT_PORT,
+    _delete_netns,
+    kernel_rds_tcp_loaded,
+    netns_supported,
+    worker_index,
+)
+
+
+def scratch_address(worker: int) -> str:
+    """An address no two-node pair uses (those are 10.<100 + w>.k.0/24) and no other worker's scratch one."""
+    return f"10.{200 + worker % 50}.0.2"
+
+
+class _Side:
+    def __init__(self, ns: str, backend: str) -> None:
+        self.ns = ns
+        env = {}
+        if backend == "userspace" and kernel_rds_tcp_loaded():
+            env["PYRDS_TCP_PORT"] = str(USERSPACE_ALT_PORT)  # the kernel's rds_tcp listens on 16385 here
+        self.agent = Agent(ns, env=env, name=f"{ns}:{backend}")
+        self.backend = backend
+
+    def socket(self) -> Any:
+        return self.agent.socket(self.backend)
+
+
+@pytest.fixture
+def two_namespaces(rds_backend: str) -> Iterator[tuple[_Side, _Side, str]]:
+    """Namespaces X and Y, each with ``addr`` on its end of a veth pair (the link itself carries nothing:
+    every send here stays inside one namespace), each with an agent of the backend."""
+    reason = netns_supported()
+    if reason:
+        pytest.skip(reason)
+    addr = scratch_address(worker_index())
+    tag = f"{os.getpid() % 100000}"
+    names = [f"rdsnsx{tag}", f"rdsnsy{tag}"]
+    made: list[str] = []
+    sides: list[_Side] = []
+    try:
+        for ns in names:
+            made.append(netns.create_netns(ns))
+        cidr = [f"{addr}/24"]
+        netns.create_veth(names[0], names[1], "rdsc0", "rdsc1", addrs_a=cidr, addrs_b=cidr)
+        for ns in names:
+            sides.append(_Side(ns, rds_backend))
+        yield sides[0], sides[1], addr
+    finally:
+        for side in sides:
+            side.agent.close()
+        for ns in made:
+            _delete_netns(ns)
+
+
+def _refused(sock: Any, dest: tuple[str, int]) -> bool:
+    """A non-blocking empty send to ``dest``: True when refused for congestion (ENOBUFS)."""
+    try:
+        sock.sendto(b"", dest)
+    except OSError as exc:
+        assert exc.errno == errno.ENOBUFS, exc
+        return True
+    return False
+
+
+def test_congestion_across_namespaces_with_one_address(two_namespaces, rds_observe) -> None:  # type: ignore[no-untyped-def]
+    x, y, addr = two_namespaces
+    # namespace Y: a receiver that does not read, filled until its port is congested for Y's own sender
+    receiver, sender = y.socket(), y.socket()
+    receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    receiver.bind((addr, 0))
+    sender.bind((addr, 0))
+    sender.setblocking(False)
+    dest = receiver.getsockname()
+    for _ in range(64):
+        if _refused(sender, dest):
+            break
+        sender.sendto(b"x" * 1024, dest)
+    assert _refused(sender, dest), "the receiver's port never became congested"
+    # namespace X, same address: its own receiver's port is open; what differs is the port congested in Y
+    mine, probe = x.socket(), x.socket()
+    mine.bind((addr, 0))
+    probe.bind((addr, 0))
+    probe.setblocking(False)
+    assert not _refused(probe, mine.getsockname())
+    across = _refused(probe, dest)
+    rds_observe("congested_across_namespaces", across)
+    # and the port number Y's receiver holds: can X bind it on the same address? (0 or the errno)
+    twin = x.socket()
+    try:
+        twin.bind((addr, dest[1]))
+        bound = 0
+    except OSError as exc:
+        bound = exc.errno
+    twin.close()
+    rds_observe("bind_across_namespaces", errno.errorcode.get(bound, bound) if bound else 0)
+    receiver.close()
+    # once Y's receiver is gone, nothing anywhere refuses that port any more
+    assert not _refused(sender, dest)
+    assert not _refused(probe, dest)
