@@ -3,10 +3,10 @@
 The kernel keeps one congestion map per address for the whole host (cong.c's rds_cong_tree, keyed by
 address alone): a port congested in one namespace is refused with ENOBUFS to senders in another namespace
 with the same address (docs/kernel-vs-facts.md row 19). The userspace stack is one stack per namespace, with
-its own maps, so there the other namespace's senders get through. The kernel's bind table is host-wide too: the
-other namespace cannot bind that port number on that address (EADDRINUSE, 6.1 and 7.3). The scenario records
-both (observations ``congested_across_namespaces``, ``bind_across_namespaces``); everything else it asserts
-holds on both backends.
+its own maps, so there the other namespace's senders get through. The kernel's bind table is host-wide too:
+the other namespace cannot bind that port number on that address (EADDRINUSE, 6.1 and 7.3). The scenario
+records both (observations ``congested_across_namespaces``, ``bind_across_namespaces``); everything else it
+asserts holds on both backends.
 """
 
 from __future__ import annotations
