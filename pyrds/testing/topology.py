@@ -163,8 +163,9 @@ def pair_addresses(worker: int, k: int) -> list[tuple[str, str]]:
     kernel keeps one congestion map per address for the whole host (cong.c's rds_cong_tree), the local map of
     a node and the copy another namespace holds of a peer with that address being one object, and binds
     in one table for every namespace. With two xdist workers on one subnet, a map message of one pair can
-    overwrite the other pair's local map (a congested bit its receiver never clears again: the suspected
-    cause of a userspace->kernel stall on ENOBUFS in a 7.3 CI run, 2026-11-28). A worker reuses a
+    overwrite the other pair's local map (a congested bit its receiver never clears again). Suspected, not
+    shown, as the cause of a userspace->kernel stall on ENOBUFS in a 7.3 CI run (2026-11-28): 78 selftest
+    rounds with every pair forced onto one subnet, two workers, passed. A worker reuses a
     subnet only after 256 pairs, long after the old pair's namespaces are gone. (10.99.0.0/16 stays the
     IB fabric's and the inter-guest link's.)"""
     second = 100 + worker % 100
