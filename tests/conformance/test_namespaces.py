@@ -21,6 +21,7 @@ import pytest
 
 from pyrds import netns
 from pyrds.testing.agent import Agent
+from pyrds.testing.helpers import send_until_enobufs
 from pyrds.testing.topology import (
     USERSPACE_ALT_PORT,
     _delete_netns,
@@ -94,11 +95,8 @@ def test_congestion_across_namespaces_with_one_address(two_namespaces, rds_obser
     sender.bind((addr, 0))
     sender.setblocking(False)
     dest = receiver.getsockname()
-    for _ in range(64):
-        if _refused(sender, dest):
-            break
-        sender.sendto(b"x" * 1024, dest)
-    assert _refused(sender, dest), "the receiver's port never became congested"
+    _sent, congested = send_until_enobufs(sender, dest, 1024, timeout=30.0, limit=64)
+    assert congested and _refused(sender, dest), "the receiver's port never became congested"
     # namespace X, same address: its own receiver's port is open; what differs is the port congested in Y
     mine, probe = x.socket(), x.socket()
     mine.bind((addr, 0))

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from kernel_helpers import make_socket, modprobe, sh
 
+from pyrds.testing.helpers import send_until_enobufs
+
 ADDR = "10.198.77.2"  # outside every subnet the suites use
 NAMESPACES = ("rdscongx", "rdscongy")
 
@@ -59,11 +61,8 @@ def test_congestion_map_is_shared_by_namespaces_with_one_address(
     sender.bind((ADDR, 0))
     sender.setblocking(False)
     port = receiver.getsockname()[1]
-    for _ in range(64):
-        if _send_refused(sender, port):
-            break
-        sender.sendto(b"x" * 1024, (ADDR, port))
-    assert _send_refused(sender, port), "the receiver's port never became congested"
+    _sent, congested = send_until_enobufs(sender, (ADDR, port), 1024, timeout=30.0, limit=64)
+    assert congested and _send_refused(sender, port), "the receiver's port never became congested"
     # namespace X: nothing there is congested, yet a sender bound to the same address is refused for that port
     # number; its own receiver's port stays open
     here_recv = make_socket(netns=ns_x)

@@ -5,11 +5,11 @@ still counts its port as congested."""
 
 from __future__ import annotations
 
-import errno
-import time
 from socket import SO_RCVBUF, SOL_SOCKET
 
 import pytest
+
+from pyrds.testing.helpers import send_until_enobufs
 
 pytestmark = pytest.mark.netns
 
@@ -37,17 +37,8 @@ def test_probe_tells_own_map_from_peer_copy(userspace_netns_pair, capsys) -> Non
     views = _views(userspace_netns_pair, [a, b], capsys)
     assert all(v == "clear (sent)" for v in views.values()), views
     b.setsockopt(SOL_SOCKET, SO_RCVBUF, 4096)  # the floor: a few messages congest B's port
-    a.setblocking(False)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            a.sendto(b"x" * 1024, b.getsockname())
-        except OSError as exc:
-            if exc.errno == errno.ENOBUFS:
-                break
-            assert exc.errno == errno.EAGAIN, exc
-            time.sleep(0.01)
-        assert time.monotonic() < deadline, "B's port never congested"
+    _sent, congested = send_until_enobufs(a, b.getsockname(), 1024, timeout=30.0)
+    assert congested, "B's port never congested"
     views = _views(userspace_netns_pair, [a, b], capsys)
     assert views[(na.addr4, bname)] == "congested (ENOBUFS)", views  # A's copy of B's map
     assert views[(nb.addr4, bname)] == "congested (ENOBUFS)", views  # B's own map
