@@ -173,6 +173,20 @@ def pair_addresses(worker: int, k: int) -> list[tuple[str, str]]:
     return [(f"10.{second}.{third}.{i}", f"fd00:{second}:{third}::{i}") for i in (1, 2)]
 
 
+def scratch_address(worker: int) -> str:
+    """An address of ``worker`` for single-node scenarios (e.g. two namespaces on one address): 10.<200 +
+    worker % 50>.0.2, away from every pair's (:func:`pair_addresses`) and every other worker's."""
+    return f"10.{200 + worker % 50}.0.2"
+
+
+def userspace_port_env(backend: str) -> dict[str, str]:
+    """The agent environment a node of ``backend`` needs: a userspace stack listens on USERSPACE_ALT_PORT
+    where the kernel's rds_tcp, once loaded, holds 16385 in every namespace."""
+    if backend == "userspace" and kernel_rds_tcp_loaded():
+        return {"PYRDS_TCP_PORT": str(USERSPACE_ALT_PORT)}
+    return {}
+
+
 def tcp_trouble(nstat_output: str) -> dict[str, int]:
     """The non-zero :data:`_TCP_TROUBLE` counters of ``nstat -asz`` output."""
     found: dict[str, int] = {}
@@ -226,11 +240,9 @@ class TwoNodes:
             envs: list[dict[str, str]] = []
             ports: list[int] = []
             for ns, backend in zip(names, backends, strict=True):
-                env: dict[str, str] = {}
-                port = RDS_TCP_PORT
-                if backend == "userspace" and kernel_rds_tcp_loaded():
-                    port = USERSPACE_ALT_PORT
-                    env["PYRDS_TCP_PORT"] = str(port)
+                env = userspace_port_env(backend)
+                port = int(env.get("PYRDS_TCP_PORT", RDS_TCP_PORT))
+                if env:
                     rules = NFT_REDIRECT.format(std=RDS_TCP_PORT, alt=port)
                     nft = netns.run_cmd_in_netns(ns, ["nft", "-f", "-"], input=rules, check=False)
                     if nft.returncode != 0:
@@ -262,7 +274,7 @@ class TwoNodes:
             for agent in agents:
                 agent.close()
             for ns in created:
-                _delete_netns(ns)
+                delete_node_netns(ns)
             raise
 
     def netem(self, spec: str) -> None:
@@ -405,7 +417,7 @@ class TwoNodes:
                     n.close_sockets()
             n.agent.close()
         for n in self.nodes:
-            _delete_netns(n.netns)
+            delete_node_netns(n.netns)
 
 
 def _wait_link_up(node: Node, timeout: float = 10.0) -> None:
@@ -417,7 +429,7 @@ def _wait_link_up(node: Node, timeout: float = 10.0) -> None:
     raise RuntimeError(f"veth {node.ifname} in {node.netns} did not come up")
 
 
-def _delete_netns(ns: str) -> None:
+def delete_node_netns(ns: str) -> None:
     """Kill what still runs in the namespace (e.g. a userspace stack service our agent started), then
     delete it."""
     for sig in (signal.SIGTERM, signal.SIGKILL):

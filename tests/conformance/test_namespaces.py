@@ -23,26 +23,18 @@ from pyrds import netns
 from pyrds.testing.agent import Agent
 from pyrds.testing.helpers import send_until_enobufs
 from pyrds.testing.topology import (
-    USERSPACE_ALT_PORT,
-    _delete_netns,
-    kernel_rds_tcp_loaded,
+    delete_node_netns,
     netns_supported,
+    scratch_address,
+    userspace_port_env,
     worker_index,
 )
-
-
-def scratch_address(worker: int) -> str:
-    """An address no two-node pair uses (those are 10.<100 + w>.k.0/24) and no other worker's scratch one."""
-    return f"10.{200 + worker % 50}.0.2"
 
 
 class _Side:
     def __init__(self, ns: str, backend: str) -> None:
         self.ns = ns
-        env = {}
-        if backend == "userspace" and kernel_rds_tcp_loaded():
-            env["PYRDS_TCP_PORT"] = str(USERSPACE_ALT_PORT)  # the kernel's rds_tcp listens on 16385 here
-        self.agent = Agent(ns, env=env, name=f"{ns}:{backend}")
+        self.agent = Agent(ns, env=userspace_port_env(backend), name=f"{ns}:{backend}")
         self.backend = backend
 
     def socket(self) -> Any:
@@ -73,7 +65,7 @@ def two_namespaces(rds_backend: str) -> Iterator[tuple[_Side, _Side, str]]:
         for side in sides:
             side.agent.close()
         for ns in made:
-            _delete_netns(ns)
+            delete_node_netns(ns)
 
 
 def _refused(sock: Any, dest: tuple[str, int]) -> bool:
