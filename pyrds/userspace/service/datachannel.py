@@ -65,7 +65,8 @@ class DataChannel:
         self.page_fd = -1
         self.page: mmap.mmap | None = None
         self.sync = False
-        self.blocked = False  # the last push found the channel full and no read was reported since
+        self.blocked = False  # the last push found the channel full and it has not drained to half since
+        self._resume_at = -1  # while blocked: the messages left in the channel at which pushes resume
         try:
             self.page_fd, self.page = _shared_page()
             self.srv.setblocking(False)
@@ -92,9 +93,19 @@ class DataChannel:
             os.close(self.page_fd)
             self.page_fd = -1
 
-    def unblock(self) -> None:
-        """The client read from the channel (a CONSUMED notice): pushes may find room again."""
-        self.blocked = False
+    def unblock(self, consumed: int, in_channel: int) -> None:
+        """The client read ``consumed`` messages from the channel (a CONSUMED notice) and ``in_channel`` are
+        still in it. A channel found full is tried again once at most half of what it held then is left
+        (the client still has the other half to read): retrying after every read found room for about one
+        message and then the channel full again, a failed sendmsg per message delivered."""
+        if not self.blocked:
+            return
+        resume_at = self._resume_at
+        if resume_at < 0:  # the first notice since the channel was found full: no push came in between
+            resume_at = self._resume_at = (in_channel + consumed) // 2
+        if in_channel <= resume_at:
+            self.blocked = False
+            self._resume_at = -1
 
     def set_sync(self, flag: bool, sync_at: int = 0) -> None:
         """Byte 0 of the shared page: while it is 1 the client reports synchronously each read whose count
@@ -126,8 +137,9 @@ class DataChannel:
 
     def push(self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool) -> bool:
         """One message to the client; False when the channel has no room now (nothing was sent). Once the
-        channel was found full, False without trying until :meth:`unblock` (only a client read, which it
-        reports, makes room: a full channel used to cost a failed sendmsg for every message delivered)."""
+        channel was found full, False without trying until :meth:`unblock` says the client read half of it
+        (only a client read, which it reports, makes room: a full channel used to cost a failed sendmsg for
+        every message delivered)."""
         if self.blocked:
             return False
         head = _HDR.pack(len(payload), sport, scope_id, len(saddr), tail, saddr)

@@ -681,7 +681,7 @@ class Stack:
             self._dequeue(rs)
         rs.pushed -= count
         if rs.push is not None:
-            rs.push.unblock()  # the client's reads made room in its channel
+            rs.push.unblock(count, rs.pushed)  # the client's reads made room in its channel
         self.counters["recv_delivered"] += count
         self.counters["copy_to_user"] += count
         self.push_ready(rs)
