@@ -185,6 +185,7 @@ def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
             if data.get("percall")
             else []
         ),
+        *_targets_section(data.get("targets")),
         *_fanin_section(data.get("fanin")),
         *_many_section(data.get("many_sockets")),
         *_memory_section(data.get("queued_memory")),
@@ -581,3 +582,106 @@ def _ib_section(sec: dict[str, Any] | None) -> list[str]:
     if any(r["mode"] == "oneway" for r in rows):
         out += ["### RDS/IB one-way (rate confirmed by the receiver)", "", *_table(rows, "oneway"), ""]
     return out
+
+
+#: issue 10's userspace targets: (mode, size) -> the least userspace<->userspace / stdlib kernel ratio
+TARGETS = {("rr", 1024): 0.25, ("oneway", 65536): 0.5}
+UU = "userspace<->userspace"
+MIXED = ("userspace->kernel", "kernel->userspace")
+
+
+def target_verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For every (mode, size) of ``rows`` (targets section: each row has a ``rep``), each scenario's ratio to
+    the stdlib kernel row *of the same repetition* (one interleaved pass), and the median of those ratios
+    over the repetitions with both rates. A verdict per cell: userspace<->userspace against its target
+    (:data:`TARGETS`), each mixed pairing against the userspace<->userspace median of the cell (issue 10:
+    mixed pairings >= the userspace<->userspace ratio); ``met`` is None where there is nothing to judge."""
+    cells: dict[tuple[str, int], dict[str, dict[int, float]]] = {}
+    for r in rows:
+        if r.get("error") or not r.get("msgs_per_s"):
+            continue
+        cells.setdefault((r["mode"], r["size"]), {}).setdefault(r["scenario"], {})[r["rep"]] = r["msgs_per_s"]
+    out: list[dict[str, Any]] = []
+    for (mode, size), by in cells.items():
+        base = by.get(BASE, {})
+        medians: dict[str, float | None] = {}
+        ratios_of: dict[str, list[float]] = {}
+        for scenario, reps in by.items():
+            ratios = [rate / base[rep] for rep, rate in sorted(reps.items()) if base.get(rep)]
+            ratios_of[scenario] = ratios
+            medians[scenario] = _median(ratios)
+        uu = medians.get(UU)
+        for scenario, reps in by.items():
+            if scenario == BASE:
+                continue
+            med = medians[scenario]
+            target: float | None = None
+            if scenario == UU:
+                target = TARGETS.get((mode, size))
+            elif scenario in MIXED:
+                target = uu
+            met = None if target is None or med is None else med >= target
+            out.append(
+                {
+                    "mode": mode,
+                    "size": size,
+                    "scenario": scenario,
+                    "rates": [reps[k] for k in sorted(reps)],
+                    "ratios": ratios_of[scenario],
+                    "median": med,
+                    "target": target,
+                    "met": met,
+                }
+            )
+    return out
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def _targets_section(sec: dict[str, Any] | None) -> list[str]:
+    out = ["## Issue 10 targets, measured again and again (interleaved repetitions)", ""]
+    if not sec:
+        return out + _not_measured("target rows", "targets")
+    out += _measured_line(sec)
+    out += [
+        f"The target cells only: {sec.get('repeat', '?')} passes of {sec.get('seconds', '?'):g} s per cell,"
+        " each pass running every scenario",
+        "once per cell in turn (as the stress tables do), so a ratio compares two rates measured",
+        "a few seconds apart. **ratios** are each pass's msgs/s against the same pass's stdlib kernel row;",
+        "the verdict uses their **median**. Targets: userspace<->userspace >= 0.25x at request/response",
+        "1 KiB and >= 0.5x one-way 64 KiB; each mixed pairing >= the userspace<->userspace median of the",
+        "same cell.",
+        "",
+        "| cell | path | msgs/s per pass | ratios per pass | median | target | met |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = sec.get("rows") or []
+    base_rates: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        if r["scenario"] == BASE and r.get("msgs_per_s"):
+            base_rates.setdefault((r["mode"], r["size"]), []).append(r["msgs_per_s"])
+    verdicts = target_verdicts(rows)
+    for (mode, size), rates in sorted(base_rates.items()):
+        name = ("request/response" if mode == "rr" else "one-way") + f" {_size(size)}"
+        out.append(f"| {name} | {BASE} | {', '.join(_fmt(x) for x in rates)} | 1.00x | - | - | - |")
+        for v in verdicts:
+            if (v["mode"], v["size"]) != (mode, size):
+                continue
+            med = v["median"]
+            target = "-" if v["target"] is None else f">= {v['target']:.2f}x"
+            met = "-" if v["met"] is None else ("yes" if v["met"] else "**no**")
+            out.append(
+                f"| {name} | {v['scenario']} | {', '.join(_fmt(x) for x in v['rates'])} | "
+                f"{', '.join(f'{x:.2f}x' for x in v['ratios'])} | "
+                f"{'-' if med is None else f'{med:.2f}x'} | {target} | {met} |"
+            )
+    failed = [r for r in rows if r.get("error")]
+    if failed:
+        out += ["", f"Failed cells: {len(failed)} ({'; '.join(sorted({str(r['error']) for r in failed}))})."]
+    return out + [""]

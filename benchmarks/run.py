@@ -10,10 +10,10 @@ Host:   ``python benchmarks/run.py``           boots the guest (python -m vm run
 Guest:  ``python benchmarks/run.py --guest``   (root + AF_RDS) prints one ``PYRDS-BENCH-JSON`` line.
 Render: ``python benchmarks/run.py --from-json results.json``  rewrites the report from saved results.
 
-``--sections`` picks what is measured (stress, fanin, many, mem, percall, floor, ib; default all); on the
-host, ``--merge`` keeps what --save-json already holds of the sections not measured this time, e.g.
-``python benchmarks/run.py --kernel 7.3 --sections fanin,many,mem --merge``. ``--only`` (scenario label
-substring) narrows every section.
+``--sections`` picks what is measured (stress, targets, fanin, many, mem, percall, floor, ib; default
+all); on the host, ``--merge`` keeps what --save-json already holds of the sections not measured this
+time, e.g. ``python benchmarks/run.py --kernel 7.3 --sections fanin,many,mem --merge``. ``--only``
+(scenario label substring) narrows every section.
 
 Each stress cell is ``pyrds stress`` (active side in one netns, ``--passive --once`` in the other; for the
 stdlib row the same stress code with stdlib sockets, benchmarks/stdlib_stress.py) or the plain TCP baseline
@@ -50,9 +50,10 @@ from topology import KERNEL_PORT, USERSPACE_PORT, Node, make_pair, teardown, use
 
 MARK = "PYRDS-BENCH-JSON "
 #: what --sections names, in the order a guest run measures them
-SECTIONS = ("stress", "fanin", "many", "mem", "percall", "floor", "ib")
+SECTIONS = ("stress", "targets", "fanin", "many", "mem", "percall", "floor", "ib")
 #: the results file's key of each newer section (absent in older files; the report says "not measured")
 SECTION_KEYS = {
+    "targets": "targets",
     "fanin": "fanin",
     "many": "many_sockets",
     "mem": "queued_memory",
@@ -60,6 +61,9 @@ SECTION_KEYS = {
     "ib": "ib",
 }
 SIZES = (0, 1024, 8192, 65536)
+#: the targets section's cells (issue 10: request/response 1 KiB and one-way 64 KiB; the other two come free)
+TARGET_MODES = ("rr", "oneway")
+TARGET_SIZES = (1024, 65536)
 PY = sys.executable
 
 
@@ -92,7 +96,7 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
     rds_selected = [sc for sc in selected if sc[1] != "tcp"]
     topo: dict[str, tuple[Node, Node]] = {}
     nodes: list[Node] = []
-    if want & {"stress", "fanin", "many"}:
+    if want & {"stress", "targets", "fanin", "many"}:
         kk = make_pair("kk", "10.91.0")
         uu = make_pair("uu", "10.92.0")
         mk, mu = make_pair("mx", "10.93.0")
@@ -126,6 +130,26 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if "stress" in want:
             results = measure_cells(selected, topo, args.modes, args.sizes, args.duration)
+        if "targets" in want and args.targets_repeat > 0:
+            rows = []
+            for rep in range(args.targets_repeat):
+                got = measure_cells(
+                    rds_selected,
+                    topo,
+                    list(TARGET_MODES),
+                    list(TARGET_SIZES),
+                    args.targets_seconds,
+                    port_base=4201 + 10 * rep,
+                    tag=f"targets {rep + 1}/{args.targets_repeat} ",
+                )
+                rows += [{**r, "rep": rep} for r in got]
+            sections["targets"] = {
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "machine": machine(),
+                "seconds": args.targets_seconds,
+                "repeat": args.targets_repeat,
+                "rows": rows,
+            }
         if "fanin" in want:
             rows = extra.fanin(rds_selected, topo, ports, args.fanin_senders, args.section_seconds)
             sections["fanin"] = meta(senders=args.fanin_senders, seconds=args.section_seconds, rows=rows)
@@ -236,6 +260,10 @@ def host_phase(args: argparse.Namespace) -> int:
         ",".join(args.sections),
         "--fanin-senders",
         str(args.fanin_senders),
+        "--targets-repeat",
+        str(args.targets_repeat),
+        "--targets-seconds",
+        str(args.targets_seconds),
         "--many-sockets",
         ",".join(map(str, args.many_sockets)),
         "--mem-limit",
@@ -351,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="host: keep what --save-json already holds of the sections this run does not measure",
     )
+    ap.add_argument(
+        "--targets-repeat", type=int, default=3, help="targets: interleaved passes over the target cells (3)"
+    )
+    ap.add_argument("--targets-seconds", type=float, default=5.0, help="targets: seconds per cell (5)")
     ap.add_argument("--fanin-senders", type=int, default=8, help="fan-in: sender processes (8)")
     ap.add_argument(
         "--many-sockets", type=_int_list, default=[1, 64, 512], help="many sockets: N per row (1,64,512)"
