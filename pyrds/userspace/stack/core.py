@@ -800,6 +800,8 @@ class Stack:
         self.counters["recv_delivered"] += 1
         self.counters["copy_to_user"] += 1
         if rs.push is not None:
+            # nothing pushed waits in the channel (PushedFirst above): it has room, whatever found it full
+            rs.push.unblock(0, 0)
             self.push_ready(rs)
         rs.update_readiness()
         return data, out.items, msg_flags | out.msg_flags, (str(inc.saddr), inc.sport, rs.scope_id)

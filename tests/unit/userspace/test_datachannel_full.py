@@ -5,10 +5,14 @@ of room, one push, the channel full again: 1.84 sendmsg per message in a 7.3 gue
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from typing import Any
 
+from pyrds.constants import Transport
 from pyrds.userspace.service.datachannel import DataChannel
+from pyrds.userspace.stack.core import Stack
+from pyrds.userspace.stack.sockstate import Incoming
 
 SRC = socket.inet_aton("10.0.0.1")
 
@@ -59,4 +63,29 @@ def test_a_full_channel_is_not_written_until_a_read_is_reported() -> None:
         assert counting.calls == tried + pushed - left
     finally:
         ch.srv = counting.inner
+        ch.close()
+
+
+def test_a_read_by_request_from_an_empty_channel_ends_a_block() -> None:
+    """Only CONSUMED notices ended a block: a channel found full while empty (no notice can follow) would have
+    sent every later message by request. A read served by request finds the channel empty (it is refused
+    while pushed messages wait), so the next message is pushed again."""
+    local, peer = ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("10.9.9.9")
+    stack = Stack()
+    rs = stack.open()
+    stack.bind(rs, local, 0, 0)
+    rs.transport = Transport.TCP
+    ch = DataChannel()
+    try:
+        rs.push = ch
+        ch.blocked = True  # found full with nothing of this socket's in it
+        stack.deliver(Incoming(peer, local, 4000, rs.bound_port, b"first"))
+        assert rs.pushed == 0, "a blocked channel is not written"
+        data, _anc, _flags, _addr = stack.recvmsg(rs, 100, 0, 0, False)
+        assert data == b"first" and not ch.blocked
+        stack.deliver(Incoming(peer, local, 4000, rs.bound_port, b"second"))
+        assert rs.pushed == 1
+        assert ch.cli.recv(65536).endswith(b"second")
+    finally:
+        rs.push = None
         ch.close()
