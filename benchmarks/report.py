@@ -6,6 +6,7 @@ stdlib (zlib + struct), and the Markdown says which.
 
 from __future__ import annotations
 
+import statistics
 import struct
 import zlib
 from pathlib import Path
@@ -604,17 +605,15 @@ def target_verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for (mode, size), by in cells.items():
         base = by.get(BASE, {})
-        medians: dict[str, float | None] = {}
-        ratios_of: dict[str, list[float]] = {}
-        for scenario, reps in by.items():
-            ratios = [rate / base[rep] for rep, rate in sorted(reps.items()) if base.get(rep)]
-            ratios_of[scenario] = ratios
-            medians[scenario] = _median(ratios)
-        uu = medians.get(UU)
+        ratios_of = {
+            scenario: [rate / base[rep] for rep, rate in sorted(reps.items()) if base.get(rep)]
+            for scenario, reps in by.items()
+        }
+        uu = _median(ratios_of.get(UU, []))
         for scenario, reps in by.items():
             if scenario == BASE:
                 continue
-            med = medians[scenario]
+            med = _median(ratios_of[scenario])
             target: float | None = None
             if scenario == UU:
                 target = TARGETS.get((mode, size))
@@ -637,11 +636,7 @@ def target_verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+    return statistics.median(values) if values else None
 
 
 def _targets_section(sec: dict[str, Any] | None) -> list[str]:
@@ -667,9 +662,11 @@ def _targets_section(sec: dict[str, Any] | None) -> list[str]:
         if r["scenario"] == BASE and r.get("msgs_per_s"):
             base_rates.setdefault((r["mode"], r["size"]), []).append(r["msgs_per_s"])
     verdicts = target_verdicts(rows)
-    for (mode, size), rates in sorted(base_rates.items()):
+    # every cell with a rate, also one whose stdlib row failed in every pass (its ratios are then empty)
+    for mode, size in sorted({(v["mode"], v["size"]) for v in verdicts} | set(base_rates)):
         name = ("request/response" if mode == "rr" else "one-way") + f" {_size(size)}"
-        out.append(f"| {name} | {BASE} | {', '.join(_fmt(x) for x in rates)} | 1.00x | - | - | - |")
+        rates = base_rates.get((mode, size), [])
+        out.append(f"| {name} | {BASE} | {', '.join(_fmt(x) for x in rates) or '-'} | 1.00x | - | - | - |")
         for v in verdicts:
             if (v["mode"], v["size"]) != (mode, size):
                 continue

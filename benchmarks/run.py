@@ -118,14 +118,7 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
     ports = extra.port_counter()
 
     def meta(**fields: Any) -> dict[str, Any]:
-        return {
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": machine(),
-            "size": extra.SIZE,
-            "sockbuf": extra.SOCKBUF,
-            "nofile": nofile,
-            **fields,
-        }
+        return stamped(size=extra.SIZE, sockbuf=extra.SOCKBUF, nofile=nofile, **fields)
 
     try:
         if "stress" in want:
@@ -143,13 +136,7 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
                     tag=f"targets {rep + 1}/{args.targets_repeat} ",
                 )
                 rows += [{**r, "rep": rep} for r in got]
-            sections["targets"] = {
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                "machine": machine(),
-                "seconds": args.targets_seconds,
-                "repeat": args.targets_repeat,
-                "rows": rows,
-            }
+            sections["targets"] = stamped(seconds=args.targets_seconds, repeat=args.targets_repeat, rows=rows)
         if "fanin" in want:
             rows = extra.fanin(rds_selected, topo, ports, args.fanin_senders, args.section_seconds)
             sections["fanin"] = meta(senders=args.fanin_senders, seconds=args.section_seconds, rows=rows)
@@ -178,13 +165,11 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
     if "floor" in want and args.floor_repeat > 0:
         import floor
 
-        sections["floor"] = {
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": machine(),
-            "seconds": args.duration,
-            "repeat": args.floor_repeat,
-            "rows": floor.measure(args.duration, args.floor_repeat),
-        }
+        sections["floor"] = stamped(
+            seconds=args.duration,
+            repeat=args.floor_repeat,
+            rows=floor.measure(args.duration, args.floor_repeat),
+        )
     if "ib" in want:
         # last: it unloads and reloads rds_rdma and leaves kernel RDS/IB connections behind (ib_section.py)
         import ib_section
@@ -195,22 +180,13 @@ def guest_phase(args: argparse.Namespace) -> dict[str, Any]:
         chosen, unavailable = ib_section.available(chosen)
         got = ib_section.measure(chosen, args.modes, args.ib_sizes, args.duration)
         got["unavailable"] = unavailable
-        sections["ib"] = {
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": machine(),
-            "duration_s": args.duration,
-            "sizes": args.ib_sizes,
-            "modes": args.modes,
-            **got,
-        }
-    return {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": machine(),
-        "duration_s": args.duration,
-        "results": results,
-        "percall": percall_rows,
-        **sections,
-    }
+        sections["ib"] = stamped(duration_s=args.duration, sizes=args.ib_sizes, modes=args.modes, **got)
+    return stamped(duration_s=args.duration, results=results, percall=percall_rows, **sections)
+
+
+def stamped(**fields: Any) -> dict[str, Any]:
+    """``fields`` after the time and the machine they were measured on (each section's head, the run's)."""
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), **fields}
 
 
 def machine() -> str:

@@ -63,3 +63,17 @@ def test_one_way_64k_target_and_failed_cells() -> None:
         )
         assert "Failed cells: 1 (rc 1)." in text
         assert "Not measured" in "\n".join(report._targets_section(None))
+
+
+def test_a_cell_whose_baseline_failed_in_every_pass_is_still_shown() -> None:
+    with bench_modules(["report"]) as mods:
+        report = mods["report"]
+        rows = _rows(("rr", 1024), {UU: [120.0]})
+        rows.append(
+            {"scenario": BASE, "mode": "rr", "size": 1024, "rep": 0, "msgs_per_s": None, "error": "rc 2"}
+        )
+        text = "\n".join(
+            report._targets_section({"date": "d", "machine": "m", "seconds": 5, "repeat": 1, "rows": rows})
+        )
+        assert f"| request/response 1 KiB | {BASE} | - | 1.00x | - | - | - |" in text
+        assert "| request/response 1 KiB | userspace<->userspace | 120 |  | - | >= 0.25x | - |" in text
