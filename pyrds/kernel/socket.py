@@ -8,8 +8,12 @@ scope_id)``; CPython decodes a name by its ``sa_family``, so IPv4 sources stay 2
 the fd: the :class:`RDSSocket` does, closes it once, and detaches both views first. ``send`` and ``recvmsg``
 *are* the C methods (bound per socket); the others add one check around them (the address route of
 ``sendto``/``sendmsg``, cached per destination; ``MSG_TRUNC``, where CPython's ``recv``/``recvfrom`` would
-return a buffer grown to the full message length and ``recv_into`` the full length). ctypes remains for what
-the stdlib cannot do: getsockopt buffers over 1024 bytes and the RDS_INFO tables (pyrds/kernel/libc.py).
+return a buffer grown to the full message length and ``recv_into`` the full length). That check is a Python
+closure per call; when the optional C module ``pyrds.kernel._fastcall`` is built (setup.py), a ``FastCall``
+object calls the view's C method itself for the shapes where the closure would only forward (no MSG_TRUNC,
+the last destination again) and the closure for every other, so a data call costs no Python frame. ctypes
+remains for what the stdlib cannot do: getsockopt buffers over 1024 bytes and the RDS_INFO tables
+(pyrds/kernel/libc.py).
 
 Timeouts are CPython's own (both views carry the same timeout): ``settimeout(None)`` leaves the fd blocking;
 ``settimeout(0)`` makes it non-blocking (EAGAIN raises ``BlockingIOError``); ``settimeout(t > 0)`` makes the
@@ -23,9 +27,11 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import operator
 import os
 import socket as _socket
 import struct
+from _socket import socket as _CSocket  # the C type whose method descriptors the views inherit
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -43,10 +49,22 @@ from pyrds.api import (
 from pyrds.constants import AF_RDS, SIOCRDSGETTOS, SIOCRDSSETTOS, SOL_RDS
 from pyrds.kernel import libc
 
+_fastcall_module: Any
+try:
+    import pyrds.kernel._fastcall as _fastcall_module
+except ImportError:  # built without a C compiler: the pure-Python data calls (same behaviour)
+    _fastcall_module = None
+
 _MAX_INFO_ATTEMPTS = 16
 _MSG_TRUNC = int(_socket.MSG_TRUNC)
+# flags as the stdlib's C methods took them (an int, or any object with __index__): tested after the call,
+# when a message may already be consumed, so never with an operator the object could lack or redefine
+_index = operator.index
 _STDLIB_OPTLEN_MAX = 1024  # CPython's getsockopt refuses larger buffers
 _NOARG: Any = object()
+# The C data calls (None: not built). Tests and benchmarks set it to None to run the pure-Python calls; it is
+# read when a socket is made.
+FASTCALL: Any = _fastcall_module
 
 
 class _View(_socket.socket):
@@ -124,37 +142,39 @@ def _check_ancdata(ancdata: Iterable[Any]) -> list[tuple[int, int, Any]]:
     return items
 
 
-def _data_calls(v4: _View, v6: _View) -> dict[str, Any]:
+def _data_calls(v4: _View, v6: _View, fast: Any = None) -> dict[str, Any]:
     """The data calls of one socket as closures over its two views' C methods (no ``self``: the closures live
     in the instance's ``__dict__`` and must not make a reference cycle through it). Each adds to the stdlib
     call only what keeps pyrds's behaviour: the address route (cached for the last destination object), and
-    the ``MSG_TRUNC`` clamp."""
+    the ``MSG_TRUNC`` clamp. With ``fast`` (the ``pyrds.kernel._fastcall`` module) each closure is wrapped in
+    a ``FastCall`` that skips it for the shapes where it would only forward the call."""
     send4, send6 = v4.sendto, v6.sendto
     sendmsg4, sendmsg6 = v4.sendmsg, v6.sendmsg
     recv6, recvfrom6 = v6.recv, v6.recvfrom
     recv_into6, recvfrom_into6 = v6.recv_into, v6.recvfrom_into
-    # (the last destination object, its view's sendto, its view's sendmsg, the numeric tuple CPython parses
-    # into the same sockaddr bytes): one tuple, replaced whole, so that a thread never pairs one destination's
-    # object with another's route; the object is a tuple of exact str/int types, hence immutable
+    # last[0]: (the last destination object, its view's sendto, its view's sendmsg, the numeric tuple CPython
+    # parses into the same sockaddr bytes): one tuple, replaced whole, so that a thread never pairs one
+    # destination's object with another's route; the object is a tuple of exact str/int types, hence
+    # immutable. A list of one item so that the C FastCall objects read the same route.
     noarg = _NOARG  # (a closure cell is read faster than a global)
     zero = 0
-    last: tuple[Any, Any, Any, Any] = (_NOARG, send4, sendmsg4, None)
+    # (the view itself is the 5th item, for the C calls)
+    last: list[tuple[Any, Any, Any, Any, Any]] = [(_NOARG, send4, sendmsg4, None, v4)]
 
-    def _learn(address: Any) -> tuple[Any, Any, Any, Any]:
-        nonlocal last
+    def _learn(address: Any) -> tuple[Any, Any, Any, Any, Any]:
         v6_dest, addr = route(address)
-        entry = (address, send6, sendmsg6, addr) if v6_dest else (address, send4, sendmsg4, addr)
+        entry = (address, send6, sendmsg6, addr, v6) if v6_dest else (address, send4, sendmsg4, addr, v4)
         if _exact(address):
-            last = entry
+            last[0] = entry
         return entry
 
     def sendto(data: Any, flags_or_address: Any, address: Any = noarg, /) -> int:
         if address is noarg:  # sendto(data, address)
-            entry = last
+            entry = last[0]
             if flags_or_address is not entry[0]:
                 entry = _learn(flags_or_address)
             return entry[1](data, entry[3])  # type: ignore[no-any-return]
-        entry = last
+        entry = last[0]
         if address is not entry[0]:
             entry = _learn(address)
         return entry[1](data, flags_or_address, entry[3])  # type: ignore[no-any-return]
@@ -164,7 +184,7 @@ def _data_calls(v4: _View, v6: _View) -> dict[str, Any]:
             ancdata = _check_ancdata(ancdata)
         if address is None:
             return sendmsg6(buffers, ancdata, flags)
-        entry = last
+        entry = last[0]
         if address is not entry[0]:
             entry = _learn(address)
         return entry[2](buffers, ancdata, flags, entry[3])  # type: ignore[no-any-return]
@@ -173,7 +193,7 @@ def _data_calls(v4: _View, v6: _View) -> dict[str, Any]:
         if flags is zero:
             return recv6(bufsize)
         data: bytes = recv6(bufsize, flags)
-        if flags & _MSG_TRUNC:
+        if _index(flags) & _MSG_TRUNC:
             # with MSG_TRUNC the kernel returns the message's full length and CPython grows the bytes to it:
             # only the first bufsize bytes were received
             return data[:bufsize]
@@ -182,25 +202,25 @@ def _data_calls(v4: _View, v6: _View) -> dict[str, Any]:
     def recvfrom(bufsize: Any, flags: Any = 0) -> tuple[bytes, SockAddr]:
         if flags is zero:  # the int 0 (a cached object); 0.0, None, "" go on to the stdlib's TypeError
             return recvfrom6(bufsize)
-        if flags & _MSG_TRUNC:
+        if _index(flags) & _MSG_TRUNC:
             data, addr = recvfrom6(bufsize, flags)
             return data[:bufsize], addr
         return recvfrom6(bufsize, flags)
 
     def recv_into(buffer: Any, nbytes: Any = 0, flags: Any = 0) -> int:
         n: int = recv_into6(buffer, nbytes, flags)
-        if flags & _MSG_TRUNC:
+        if _index(flags) & _MSG_TRUNC:
             # the kernel's answer is the full length; pyrds reports the bytes stored (like recv/recvmsg)
             return min(n, nbytes or memoryview(buffer).nbytes)
         return n
 
     def recvfrom_into(buffer: Any, nbytes: Any = 0, flags: Any = 0) -> tuple[int, SockAddr]:
-        if flags & _MSG_TRUNC:
+        if _index(flags) & _MSG_TRUNC:
             n, addr = recvfrom_into6(buffer, nbytes, flags)
             return min(n, nbytes or memoryview(buffer).nbytes), addr
         return recvfrom_into6(buffer, nbytes, flags)
 
-    return {
+    calls: dict[str, Any] = {
         "send": v4.send,  # the C method itself: the stdlib's send is exactly pyrds's
         "sendto": sendto,
         "sendmsg": sendmsg,
@@ -210,6 +230,15 @@ def _data_calls(v4: _View, v6: _View) -> dict[str, Any]:
         "recv_into": recv_into,
         "recvfrom_into": recvfrom_into,
     }
+    if fast is not None:
+        make, std = fast.FastCall, _CSocket  # the C method descriptors, called with a view as self
+        calls["sendto"] = make(fast.SENDTO, "sendto", sendto, std.sendto, None, last)
+        calls["sendmsg"] = make(fast.SENDMSG, "sendmsg", sendmsg, std.sendmsg, v6, last)
+        calls["recv"] = make(fast.RECV, "recv", recv, std.recv, v6)
+        calls["recvfrom"] = make(fast.RECV, "recvfrom", recvfrom, std.recvfrom, v6)
+        calls["recv_into"] = make(fast.RECV_INTO, "recv_into", recv_into, std.recv_into, v6)
+        calls["recvfrom_into"] = make(fast.RECV_INTO, "recvfrom_into", recvfrom_into, std.recvfrom_into, v6)
+    return calls
 
 
 class RDSSocket(RDSSocketBase):
@@ -241,7 +270,7 @@ class RDSSocket(RDSSocketBase):
             self._v4.settimeout(None)
             self._v6.settimeout(None)
             fcntl.fcntl(fileno, fcntl.F_SETFL, flags)
-        self._calls = _data_calls(self._v4, self._v6)
+        self._calls = _data_calls(self._v4, self._v6, FASTCALL)
         # the instance's own attributes: s.recv(...) calls the closure (or the C method) with no Python
         # method in between; a subclass that overrides a data call keeps its override
         cls = type(self)

@@ -5,7 +5,9 @@ sources as 2-tuples, cmsgs byte for byte, the same errors as the stdlib for bad 
 from __future__ import annotations
 
 import errno
+import os
 import socket
+import sys
 from typing import Any
 
 import pytest
@@ -14,6 +16,22 @@ from kernel_helpers import errno_of, loop_pair
 from pyrds import cmsg
 from pyrds.constants import AF_RDS, SOL_RDS, InfoType, SockOpt
 from pyrds.kernel import RDSSocket, libc
+from pyrds.kernel import socket as ksock
+
+
+@pytest.fixture(params=["C", "pure"])
+def data_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The C data calls (pyrds/kernel/_fastcall.c; a missing module fails under CI or
+    PYRDS_REQUIRE_FASTCALL=1, else skips) or the pure-Python closures, for the sockets made after it."""
+    if request.param == "C":
+        if ksock.FASTCALL is None:
+            why = "pyrds.kernel._fastcall is not built (setup.py needs gcc and python3-dev)"
+            if os.environ.get("CI") or os.environ.get("PYRDS_REQUIRE_FASTCALL") == "1":
+                pytest.fail(why)
+            pytest.skip(why)
+    else:
+        monkeypatch.setattr(ksock, "FASTCALL", None)
+    return str(request.param)
 
 
 @pytest.fixture
@@ -24,7 +42,7 @@ def no_ctypes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(libc, "_call", refuse)
 
 
-def test_data_calls_never_touch_ctypes(sockets: list[Any], no_ctypes: None) -> None:
+def test_data_calls_never_touch_ctypes(data_path: str, sockets: list[Any], no_ctypes: None) -> None:
     a, b = loop_pair(sockets, port=4610)
     b.settimeout(10)
     dest, src = b.getsockname(), a.getsockname()
@@ -46,7 +64,7 @@ def test_data_calls_never_touch_ctypes(sockets: list[Any], no_ctypes: None) -> N
     assert b.recv(10) == b"six"
 
 
-def test_msg_trunc_keeps_pyrds_rule(sockets: list[Any]) -> None:
+def test_msg_trunc_keeps_pyrds_rule(data_path: str, sockets: list[Any]) -> None:
     """RDS returns the full length with MSG_TRUNC; pyrds returns what was stored (CPython's recv would grow
     the bytes past bufsize, its recv_into would return the full length)."""
     a, b = loop_pair(sockets, port=4620)
@@ -69,7 +87,7 @@ def test_msg_trunc_keeps_pyrds_rule(sockets: list[Any]) -> None:
     assert b.recv(100) == b"next"
 
 
-def test_ipv6_sources_are_4_tuples(sockets: list[Any]) -> None:
+def test_ipv6_sources_are_4_tuples(data_path: str, sockets: list[Any]) -> None:
     a, b = loop_pair(sockets, host="::1", port=4630)
     b.settimeout(10)
     dest, src = b.getsockname(), a.getsockname()
@@ -115,7 +133,7 @@ def test_sendmsg_cmsg_errno_passes_through(sockets: list[Any]) -> None:
     assert errno_of(lambda: a.sendmsg([b"x"], [bad], 0, b.getsockname())) == errno.EINVAL
 
 
-def test_errors_match_the_stdlib_socket(sockets: list[Any]) -> None:
+def test_errors_match_the_stdlib_socket(data_path: str, sockets: list[Any]) -> None:
     """Kernel errnos and argument errors: pyrds.kernel and a stdlib AF_RDS socket side by side."""
     a, b = loop_pair(sockets, port=4670)
     std = socket.socket(AF_RDS, socket.SOCK_SEQPACKET)
@@ -156,6 +174,46 @@ def test_errors_match_the_stdlib_socket(sockets: list[Any]) -> None:
                 assert outcomes[0] == expected
     finally:
         std.close()
+
+
+@pytest.mark.parametrize(("host", "port"), [("127.0.0.1", 4700), ("::1", 4710)])
+def test_c_data_calls_run_no_python_frame(sockets: list[Any], host: str, port: int) -> None:
+    """With the C module, sendto/sendmsg to a known destination and every receive without MSG_TRUNC enter no
+    Python function on a real AF_RDS socket, IPv4 and IPv6 (issue 10: the stdlib's cost per call)."""
+    if ksock.FASTCALL is None:
+        why = "pyrds.kernel._fastcall is not built (setup.py needs gcc and python3-dev)"
+        if os.environ.get("CI") or os.environ.get("PYRDS_REQUIRE_FASTCALL") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    a, b = loop_pair(sockets, host=host, port=port)
+    b.settimeout(10)
+    dest, src = b.getsockname(), a.getsockname()
+    a.sendto(b"warm", dest)  # learns the route: one Python call per new destination
+    assert b.recvfrom(10) == (b"warm", src)
+    buf = bytearray(8)
+    results: list[Any] = []
+
+    def traffic() -> None:
+        results.append(a.sendto(b"one", dest))
+        results.append(a.sendmsg([b"tw", b"o"], [], 0, dest))
+        results.append(a.sendto(b"three", socket.MSG_DONTWAIT, dest))
+        results.append(b.recvfrom(10))
+        results.append(b.recv(10, socket.MSG_DONTWAIT))
+        results.append(b.recvfrom_into(buf, 8))
+
+    entered: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is not traffic.__code__:
+            entered.append(frame.f_code.co_qualname)
+
+    sys.setprofile(profile)
+    try:
+        traffic()
+    finally:
+        sys.setprofile(None)
+    assert entered == []
+    assert results == [3, 3, 5, (b"one", src), b"two", (5, src)] and buf[:5] == b"three"
 
 
 def test_rds_info_and_large_getsockopt_still_work(sockets: list[Any]) -> None:

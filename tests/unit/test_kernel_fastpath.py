@@ -18,6 +18,19 @@ from pyrds.kernel import socket as ksock
 from pyrds.kernel.socket import RDSSocket, route
 
 
+@pytest.fixture(autouse=True, params=["C", "pure"])
+def data_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs on both data paths: the C calls of pyrds/kernel/_fastcall.c (when built; see
+    test_kernel_fastcall.py for when a missing module fails) and the pure-Python closures."""
+    if request.param == "C":
+        from test_kernel_fastcall import fastcall_module
+
+        fastcall_module()
+    else:
+        monkeypatch.setattr(ksock, "FASTCALL", None)
+    return str(request.param)
+
+
 def _udp(family: int = socket.AF_INET) -> RDSSocket:
     s = socket.socket(family, socket.SOCK_DGRAM)
     s.bind(("127.0.0.1", 0) if family == socket.AF_INET else ("::1", 0))

@@ -1,0 +1,290 @@
+/* pyrds.kernel._fastcall: the kernel backend's data calls without a Python frame (issue 10, part 1).
+ *
+ * A FastCall object stands in for one data call of one RDSSocket (pyrds/kernel/socket.py, _data_calls). It
+ * does no socket work of its own: for the argument shapes below it calls the stdlib's C method on one of the
+ * socket's two views directly, and for every other shape it calls the pure-Python closure ("fallback") that
+ * holds pyrds's rules, so behaviour is defined once, in Python, and this file only skips a frame where the
+ * closure would do nothing but forward the call:
+ *
+ *   recv(bufsize[, flags]), recvfrom(...)       flags absent, or an int without MSG_TRUNC
+ *   recv_into(buffer[, nbytes[, flags]]), ...    the same (MSG_TRUNC needs the clamp, which stays in Python)
+ *   sendto(data[, flags], address)               address is the very object of the last route learned
+ *   sendmsg(buffers, ancdata, flags, address)    ancdata an empty tuple or list; address as for sendto, or
+ *                                                absent/None (the AF_INET6 view's sendmsg, as in Python)
+ *
+ * The last route is shared with the Python side through a one-element list, "state", whose item is the tuple
+ * (address object, view's sendto, view's sendmsg, numeric address, view) that the closure replaces whole when it
+ * learns a destination; this object only reads it. No keyword arguments on the fast path (the closures take
+ * sendmsg's by keyword; the stdlib methods take none).
+ *
+ * Written for the CPython 3.11+ C API (vectorcall); no Limited API.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <sys/socket.h>
+
+enum kind {
+    K_RECV = 0,      /* recv, recvfrom: flags at position 1 */
+    K_RECV_INTO = 1, /* recv_into, recvfrom_into: flags at position 2 */
+    K_SENDTO = 2,
+    K_SENDMSG = 3,
+};
+
+typedef struct {
+    PyObject_HEAD
+    int kind;
+    PyObject *method;   /* the stdlib's method descriptor (socket.socket.recv, ...), called with a view as self */
+    PyObject *view;     /* K_RECV*: the view to call it on; K_SENDMSG: the AF_INET6 view (no address); else NULL */
+    PyObject *state;    /* K_SENDTO/K_SENDMSG: the one-element list holding the last route; else NULL */
+    PyObject *fallback; /* the Python closure with the same signature: every other shape goes there */
+    PyObject *name;     /* for repr */
+    vectorcallfunc vectorcall;
+} FastCall;
+
+static PyObject *
+forward(FastCall *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+/* flags is an int (or an int subclass: bool, socket.MsgFlag; their value, as operator.index gives it, is what
+ * the closure tests too) whose value fits a C long and has no MSG_TRUNC bit (a negative value has it) */
+static int
+plain_flags(PyObject *flags)
+{
+    if (!PyLong_Check(flags))
+        return 0;
+    int overflow = 0;
+    long value = PyLong_AsLongAndOverflow(flags, &overflow);
+    if (overflow || (value == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    return (value & MSG_TRUNC) == 0;
+}
+
+/* the last route learned, or NULL (a borrowed reference valid while the caller holds no other Python code) */
+static PyObject *
+last_route(FastCall *self)
+{
+    if (!PyList_CheckExact(self->state) || PyList_GET_SIZE(self->state) != 1)
+        return NULL;
+    PyObject *entry = PyList_GET_ITEM(self->state, 0);
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 5)
+        return NULL;
+    return entry;
+}
+
+static int
+empty_sequence(PyObject *obj)
+{
+    return (PyTuple_CheckExact(obj) && PyTuple_GET_SIZE(obj) == 0) ||
+           (PyList_CheckExact(obj) && PyList_GET_SIZE(obj) == 0);
+}
+
+/* method(view, args...[, numeric]): the method descriptor called the way CPython calls s.recv(...) itself (the
+ * descriptor's own vectorcall, no bound-method object). The view and the route's numeric address (in place of the
+ * user's address object) are held across the call: the closure may replace the route meanwhile, in another
+ * thread, while the call waits with the GIL released. n <= 4. */
+static PyObject *
+call_on(PyObject *method, PyObject *view, PyObject *const *args, Py_ssize_t n, PyObject *numeric)
+{
+    PyObject *stack[6];
+    stack[0] = view;
+    for (Py_ssize_t i = 0; i < n; i++)
+        stack[i + 1] = args[i];
+    Py_ssize_t total = n + 1;
+    if (numeric != NULL)
+        stack[total++] = numeric;
+    Py_INCREF(view);
+    Py_XINCREF(numeric);
+    PyObject *result = PyObject_Vectorcall(method, stack, (size_t)total, NULL);
+    Py_XDECREF(numeric);
+    Py_DECREF(view);
+    return result;
+}
+
+static PyObject *
+fastcall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    FastCall *self = (FastCall *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)
+        return forward(self, args, nargsf, kwnames);
+    switch (self->kind) {
+    case K_RECV:
+    case K_RECV_INTO: {
+        Py_ssize_t flags_at = self->kind == K_RECV ? 1 : 2;
+        if (nargs >= 1 && (nargs <= flags_at || (nargs == flags_at + 1 && plain_flags(args[flags_at]))))
+            return call_on(self->method, self->view, args, nargs, NULL);
+        break;
+    }
+    case K_SENDTO: {
+        PyObject *entry = last_route(self);
+        if (entry != NULL && (nargs == 2 || nargs == 3) && args[nargs - 1] == PyTuple_GET_ITEM(entry, 0))
+            return call_on(self->method, PyTuple_GET_ITEM(entry, 4), args, nargs - 1, PyTuple_GET_ITEM(entry, 3));
+        break;
+    }
+    case K_SENDMSG: {
+        if (nargs < 1 || nargs > 4 || (nargs >= 2 && !empty_sequence(args[1])))
+            break;
+        if (nargs < 4 || args[3] == Py_None)
+            return call_on(self->method, self->view, args, nargs < 4 ? nargs : 3, NULL);
+        PyObject *entry = last_route(self);
+        if (entry != NULL && args[3] == PyTuple_GET_ITEM(entry, 0))
+            return call_on(self->method, PyTuple_GET_ITEM(entry, 4), args, 3, PyTuple_GET_ITEM(entry, 3));
+        break;
+    }
+    }
+    return forward(self, args, nargsf, kwnames);
+}
+
+static PyObject *
+fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *keywords[] = {"kind", "name", "fallback", "method", "view", "state", NULL};
+    int kind;
+    PyObject *name, *fallback, *method, *view = Py_None, *state = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iUOO|OO:FastCall", keywords, &kind, &name, &fallback,
+                                     &method, &view, &state))
+        return NULL;
+    if (kind < K_RECV || kind > K_SENDMSG) {
+        PyErr_SetString(PyExc_ValueError, "unknown FastCall kind");
+        return NULL;
+    }
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "fallback must be callable");
+        return NULL;
+    }
+    int needs_view = kind == K_RECV || kind == K_RECV_INTO || kind == K_SENDMSG;
+    int needs_state = kind == K_SENDTO || kind == K_SENDMSG;
+    if (!PyCallable_Check(method)) {
+        PyErr_SetString(PyExc_TypeError, "method must be callable");
+        return NULL;
+    }
+    if (needs_view && view == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "this kind needs a view");
+        return NULL;
+    }
+    if (needs_state && (!PyList_CheckExact(state) || PyList_GET_SIZE(state) != 1)) {
+        PyErr_SetString(PyExc_TypeError, "state must be a list of one item");
+        return NULL;
+    }
+    FastCall *self = (FastCall *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->kind = kind;
+    self->name = Py_NewRef(name);
+    self->fallback = Py_NewRef(fallback);
+    self->method = Py_NewRef(method);
+    self->view = needs_view ? Py_NewRef(view) : NULL;
+    self->state = needs_state ? Py_NewRef(state) : NULL;
+    self->vectorcall = fastcall_vectorcall;
+    return (PyObject *)self;
+}
+
+static int
+fastcall_traverse(FastCall *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->method);
+    Py_VISIT(self->view);
+    Py_VISIT(self->state);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->name);
+    return 0;
+}
+
+static int
+fastcall_clear(FastCall *self)
+{
+    Py_CLEAR(self->method);
+    Py_CLEAR(self->view);
+    Py_CLEAR(self->state);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->name);
+    return 0;
+}
+
+static void
+fastcall_dealloc(FastCall *self)
+{
+    PyObject_GC_UnTrack(self);
+    fastcall_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+fastcall_repr(FastCall *self)
+{
+    return PyUnicode_FromFormat("<pyrds.kernel data call %U (C)>", self->name);
+}
+
+static PyObject *
+fastcall_get_fallback(FastCall *self, void *closure)
+{
+    return Py_NewRef(self->fallback);
+}
+
+static PyObject *
+fastcall_get_name(FastCall *self, void *closure)
+{
+    return Py_NewRef(self->name);
+}
+
+static PyGetSetDef fastcall_getset[] = {
+    {"fallback", (getter)fastcall_get_fallback, NULL, "the Python closure every other call shape goes to", NULL},
+    {"__name__", (getter)fastcall_get_name, NULL, "the data call's name", NULL},
+    {NULL},
+};
+
+static PyTypeObject FastCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pyrds.kernel._fastcall.FastCall",
+    .tp_basicsize = sizeof(FastCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "One data call of a kernel RDSSocket: the stdlib's C method for the common argument shapes, "
+              "the Python fallback for every other.",
+    .tp_new = fastcall_new,
+    .tp_dealloc = (destructor)fastcall_dealloc,
+    .tp_traverse = (traverseproc)fastcall_traverse,
+    .tp_clear = (inquiry)fastcall_clear,
+    .tp_repr = (reprfunc)fastcall_repr,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(FastCall, vectorcall),
+    .tp_getset = fastcall_getset,
+};
+
+static int
+fastcall_exec(PyObject *module)
+{
+    if (PyType_Ready(&FastCallType) < 0)
+        return -1;
+    if (PyModule_AddObjectRef(module, "FastCall", (PyObject *)&FastCallType) < 0)
+        return -1;
+    if (PyModule_AddIntConstant(module, "RECV", K_RECV) < 0 ||
+        PyModule_AddIntConstant(module, "RECV_INTO", K_RECV_INTO) < 0 ||
+        PyModule_AddIntConstant(module, "SENDTO", K_SENDTO) < 0 ||
+        PyModule_AddIntConstant(module, "SENDMSG", K_SENDMSG) < 0)
+        return -1;
+    return 0;
+}
+
+static PyModuleDef_Slot fastcall_slots[] = {
+    {Py_mod_exec, fastcall_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef fastcall_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "pyrds.kernel._fastcall",
+    .m_doc = "The kernel backend's data calls without a Python frame (see pyrds/kernel/socket.py).",
+    .m_size = 0,
+    .m_slots = fastcall_slots,
+};
+
+PyMODINIT_FUNC
+PyInit__fastcall(void)
+{
+    return PyModuleDef_Init(&fastcall_module);
+}

@@ -1,0 +1,252 @@
+"""The optional C data calls of the kernel backend (pyrds/kernel/_fastcall.c, issue 10 part 1): which argument
+shapes skip the Python closure, that every other shape reaches it unchanged, and that on real sockets a data
+call then runs no Python frame at all.
+
+The C module is built by setup.py when a compiler and Python's headers are there. Without it these tests skip
+with the reason, except under CI or PYRDS_REQUIRE_FASTCALL=1, where a missing module fails them.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import sys
+import weakref
+from collections.abc import Iterator
+from types import FrameType, ModuleType
+from typing import Any
+
+import pytest
+
+from pyrds.kernel import socket as ksock
+from pyrds.kernel.socket import RDSSocket
+
+
+def fastcall_module() -> ModuleType:
+    module = ksock._fastcall_module
+    if module is None:
+        why = "pyrds.kernel._fastcall is not built (setup.py needs gcc and Python's headers: python3-dev)"
+        if os.environ.get("CI") or os.environ.get("PYRDS_REQUIRE_FASTCALL") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    return module  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def fc() -> ModuleType:
+    return fastcall_module()
+
+
+VIEW = object()
+
+
+def method(view: Any, *args: Any) -> tuple[Any, ...]:
+    return ("C", view, args)
+
+
+def fallback(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
+    return ("py", args, kwargs)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "fast"),
+    [
+        ((10,), {}, True),
+        ((10, 0), {}, True),
+        ((10, socket.MSG_PEEK | socket.MSG_DONTWAIT), {}, True),
+        ((10, socket.MSG_TRUNC), {}, False),
+        ((10, socket.MSG_TRUNC | socket.MSG_PEEK), {}, False),
+        ((10, -1), {}, False),  # a negative int has the MSG_TRUNC bit (Python's & agrees)
+        ((10, True), {}, True),  # an int subclass: its value decides, as in the closure (operator.index)
+        ((10, socket.MSG_TRUNC | socket.MSG_DONTWAIT), {}, False),  # a socket.MsgFlag
+        ((10, 1 << 70), {}, False),
+        ((10, 0.0), {}, False),
+        ((), {}, False),
+        ((10, 0, 1), {}, False),
+        ((10,), {"flags": 0}, False),
+    ],
+)
+def test_recv_shapes(fc: ModuleType, args: tuple[Any, ...], kwargs: dict[str, Any], fast: bool) -> None:
+    call = fc.FastCall(fc.RECV, "recv", fallback, method, VIEW)
+    expected = ("C", VIEW, args) if fast else ("py", args, kwargs)
+    assert call(*args, **kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "fast"),
+    [
+        (("buf",), True),
+        (("buf", 4), True),
+        (("buf", 4, 0), True),
+        (("buf", 0, socket.MSG_WAITALL), True),
+        (("buf", 4, socket.MSG_TRUNC), False),
+        (("buf", 4, 0, 9), False),
+        ((), False),
+    ],
+)
+def test_recv_into_shapes(fc: ModuleType, args: tuple[Any, ...], fast: bool) -> None:
+    call = fc.FastCall(fc.RECV_INTO, "recv_into", fallback, method, VIEW)
+    assert call(*args) == (("C", VIEW, args) if fast else ("py", args, {}))
+
+
+def test_sendto_uses_the_route_of_the_same_address_object(fc: ModuleType) -> None:
+    addr = ("127.0.0.1", 4000)
+    view4, view6 = object(), object()
+    state: list[Any] = [(addr, None, None, ("127.0.0.1", 4000), view4)]
+    call = fc.FastCall(fc.SENDTO, "sendto", fallback, method, None, state)
+    assert call(b"x", addr) == ("C", view4, (b"x", ("127.0.0.1", 4000)))
+    assert call(b"x", 5, addr) == ("C", view4, (b"x", 5, ("127.0.0.1", 4000)))
+    equal = ("127.0.0.1", 4000 + 0 * len(addr))  # equal, not the same object
+    assert equal is not addr and call(b"x", equal) == ("py", (b"x", equal), {})
+    assert call(b"x") == ("py", (b"x",), {})
+    assert call(b"x", 0, addr, 1) == ("py", (b"x", 0, addr, 1), {})
+    assert call(b"x", address=addr) == ("py", (b"x",), {"address": addr})
+    # the closure learns a new destination by replacing the list's item: the C call reads it
+    addr6 = ("::1", 5, 0, 0)
+    state[0] = (addr6, None, None, ("::1", 5, 0, 0), view6)
+    assert call(b"y", addr6) == ("C", view6, (b"y", ("::1", 5, 0, 0)))
+    assert call(b"y", addr) == ("py", (b"y", addr), {})
+    state[0] = "not a route"  # never trusted: the closure gets the call
+    assert call(b"z", addr6) == ("py", (b"z", addr6), {})
+
+
+def test_sendmsg_shapes(fc: ModuleType) -> None:
+    addr = ("127.0.0.1", 4000)
+    view4, view6 = object(), object()
+    state: list[Any] = [(addr, None, None, ("127.0.0.1", 4000), view4)]
+    call = fc.FastCall(fc.SENDMSG, "sendmsg", fallback, method, view6, state)
+    bufs = [b"a"]
+    assert call(bufs) == ("C", view6, (bufs,))
+    assert call(bufs, []) == ("C", view6, (bufs, []))
+    assert call(bufs, (), 0) == ("C", view6, (bufs, (), 0))
+    assert call(bufs, (), 0, None) == ("C", view6, (bufs, (), 0))
+    assert call(bufs, (), 0, addr) == ("C", view4, (bufs, (), 0, ("127.0.0.1", 4000)))
+    cmsgs = [(1, 2, b"")]
+    assert call(bufs, cmsgs, 0, addr) == ("py", (bufs, cmsgs, 0, addr), {})  # the closure checks ancdata
+    assert call(bufs, ((),)) == ("py", (bufs, ((),)), {})
+    assert call(bufs, "", 0, addr) == ("py", (bufs, "", 0, addr), {})  # falsy but not an empty list/tuple
+    assert call(bufs, (), 0, ("127.0.0.1", 4000 + 0 * len(bufs))) == (
+        "py",
+        (bufs, (), 0, ("127.0.0.1", 4000)),
+        {},
+    )
+    assert call() == ("py", (), {})
+    assert call(bufs, address=addr) == ("py", (bufs,), {"address": addr})
+
+
+def test_errors_of_the_called_method_pass_through(fc: ModuleType) -> None:
+    def refuse(view: Any, *args: Any) -> None:
+        raise BlockingIOError(11, "EAGAIN")
+
+    call = fc.FastCall(fc.RECV, "recv", fallback, refuse, VIEW)
+    with pytest.raises(BlockingIOError):
+        call(1)
+
+
+def test_bad_construction(fc: ModuleType) -> None:
+    with pytest.raises(ValueError):
+        fc.FastCall(99, "x", fallback, method, VIEW)
+    with pytest.raises(TypeError):
+        fc.FastCall(fc.RECV, "x", None, method, VIEW)
+    with pytest.raises(TypeError):
+        fc.FastCall(fc.RECV, "x", fallback, None, VIEW)
+    with pytest.raises(TypeError):
+        fc.FastCall(fc.RECV, "x", fallback, method)  # no view
+    with pytest.raises(TypeError):
+        fc.FastCall(fc.SENDTO, "x", fallback, method, None, [])  # state must hold one item
+    with pytest.raises(TypeError):
+        fc.FastCall(fc.SENDTO, "x", fallback, method, None, None)
+    call = fc.FastCall(fc.RECV, "recv", fallback, method, VIEW)
+    assert call.__name__ == "recv" and call.fallback is fallback and "recv" in repr(call)
+
+
+def test_a_cycle_through_a_fastcall_is_collected(fc: ModuleType) -> None:
+    class Fallback:
+        call: Any = None
+
+        def __call__(self, *args: Any) -> None:
+            return None
+
+    f = Fallback()
+    f.call = fc.FastCall(fc.RECV, "recv", f, method, VIEW)  # f -> call -> f
+    gone = weakref.ref(f)
+    del f
+    gc.collect()
+    assert gone() is None
+
+
+# -- on real sockets (UDP fds on loopback: the same C methods as AF_RDS, see test_kernel_fastpath.py)
+
+
+@pytest.fixture
+def pair(fc: ModuleType) -> Iterator[tuple[RDSSocket, RDSSocket]]:
+    socks = []
+    for _ in range(2):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 0))
+        socks.append(RDSSocket(fileno=s.detach()))
+    socks[1].settimeout(5)
+    yield socks[0], socks[1]
+    for s in socks:
+        s.close()
+
+
+def python_calls_during(fn: Any) -> list[str]:
+    """The Python functions entered while ``fn`` runs (sys.setprofile's 'call' events)."""
+    seen: list[str] = []
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is not fn.__code__:
+            seen.append(frame.f_code.co_qualname)
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return [name for name in seen if name != "python_calls_during"]
+
+
+def test_data_calls_run_no_python_frame(pair: tuple[RDSSocket, RDSSocket]) -> None:
+    a, b = pair
+    dest, src = b.getsockname(), a.getsockname()
+    a.sendto(b"warm", dest)  # learns the route (a Python call, once per destination)
+    assert b.recvfrom(10) == (b"warm", src)
+    buf = bytearray(16)
+    results: list[Any] = []
+
+    def traffic() -> None:
+        results.append(a.sendto(b"one", dest))
+        results.append(a.sendto(b"two", 0, dest))
+        results.append(a.sendmsg([b"th", b"ree"], [], 0, dest))
+        results.append(a.sendmsg([b"four"], (), 0, dest))
+        results.append(b.recvfrom(10))
+        results.append(b.recv(10, socket.MSG_DONTWAIT))
+        results.append(b.recvmsg(10))
+        results.append(b.recv_into(buf))
+        a.sendto(b"five", dest)
+        results.append(b.recvfrom_into(buf, 8))
+
+    assert python_calls_during(traffic) == []
+    assert results == [3, 3, 5, 4, (b"one", src), b"two", (b"three", [], 0, src), 4, (4, src)]
+    # MSG_TRUNC and a new destination take the closure: still correct, one Python call each
+    a.sendto(b"0123456789", dest)
+    calls = python_calls_during(lambda: results.append(b.recv(4, socket.MSG_TRUNC)))
+    assert calls == ["_data_calls.<locals>.recv"]
+    assert results[-1] == b"0123"
+
+
+def test_pure_python_mode_when_the_module_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FASTCALL = None (as on a machine without a compiler): closures, same results."""
+    monkeypatch.setattr(ksock, "FASTCALL", None)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    r = RDSSocket(fileno=s.detach())
+    try:
+        assert type(r.recv).__name__ == "function"
+        r.sendto(b"self", r.getsockname())
+        r.settimeout(5)
+        assert r.recvfrom(10) == (b"self", r.getsockname())
+    finally:
+        r.close()
