@@ -203,6 +203,8 @@ def write_chart(rows: list[dict[str, Any]], png: Path) -> str:
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     sizes = sorted({r["size"] for r in rows})
     modes = [m for m in ("rr", "oneway") if any(r["mode"] == m for r in rows)]
+    if not modes:  # a run of other sections only (--sections percall, ...): the last chart stays as it was
+        return "no stress rows in this run, so no chart (benchmarks.png is the last stress run's)"
 
     def val(s: str, size: int, mode: str) -> float:
         for r in rows:

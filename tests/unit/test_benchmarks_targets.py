@@ -77,3 +77,15 @@ def test_a_cell_whose_baseline_failed_in_every_pass_is_still_shown() -> None:
         )
         assert f"| request/response 1 KiB | {BASE} | - | 1.00x | - | - | - |" in text
         assert "| request/response 1 KiB | userspace<->userspace | 120 |  | - | >= 0.25x | - |" in text
+
+
+def test_a_run_without_stress_rows_writes_no_chart(tmp_path: Any) -> None:
+    """--sections targets (or percall, ...) without --merge: no stress rows. The chart used to raise
+    (matplotlib: 'Number of columns must be a positive integer, not 0'; the stdlib chart drew nothing)."""
+    with bench_modules(["report"]) as mods:
+        report = mods["report"]
+        png = tmp_path / "b.png"
+        png.write_bytes(b"last run's chart")
+        how = report.write_chart([], png)
+        assert "no chart" in how
+        assert png.read_bytes() == b"last run's chart"
