@@ -5,9 +5,7 @@ sources as 2-tuples, cmsgs byte for byte, the same errors as the stdlib for bad 
 from __future__ import annotations
 
 import errno
-import os
 import socket
-import sys
 from typing import Any
 
 import pytest
@@ -17,6 +15,7 @@ from pyrds import cmsg
 from pyrds.constants import AF_RDS, SOL_RDS, InfoType, SockOpt
 from pyrds.kernel import RDSSocket, libc
 from pyrds.kernel import socket as ksock
+from tests.unit.fastcall_check import fastcall_module, python_calls_during
 
 
 @pytest.fixture(params=["C", "pure"])
@@ -24,11 +23,7 @@ def data_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     """The C data calls (pyrds/kernel/_fastcall.c; a missing module fails under CI or
     PYRDS_REQUIRE_FASTCALL=1, else skips) or the pure-Python closures, for the sockets made after it."""
     if request.param == "C":
-        if ksock.FASTCALL is None:
-            why = "pyrds.kernel._fastcall is not built (setup.py needs gcc and python3-dev)"
-            if os.environ.get("CI") or os.environ.get("PYRDS_REQUIRE_FASTCALL") == "1":
-                pytest.fail(why)
-            pytest.skip(why)
+        fastcall_module()
     else:
         monkeypatch.setattr(ksock, "FASTCALL", None)
     return str(request.param)
@@ -180,11 +175,7 @@ def test_errors_match_the_stdlib_socket(data_path: str, sockets: list[Any]) -> N
 def test_c_data_calls_run_no_python_frame(sockets: list[Any], host: str, port: int) -> None:
     """With the C module, sendto/sendmsg to a known destination and every receive without MSG_TRUNC enter no
     Python function on a real AF_RDS socket, IPv4 and IPv6 (issue 10: the stdlib's cost per call)."""
-    if ksock.FASTCALL is None:
-        why = "pyrds.kernel._fastcall is not built (setup.py needs gcc and python3-dev)"
-        if os.environ.get("CI") or os.environ.get("PYRDS_REQUIRE_FASTCALL") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
+    fastcall_module()
     a, b = loop_pair(sockets, host=host, port=port)
     b.settimeout(10)
     dest, src = b.getsockname(), a.getsockname()
@@ -201,18 +192,7 @@ def test_c_data_calls_run_no_python_frame(sockets: list[Any], host: str, port: i
         results.append(b.recv(10, socket.MSG_DONTWAIT))
         results.append(b.recvfrom_into(buf, 8))
 
-    entered: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code is not traffic.__code__:
-            entered.append(frame.f_code.co_qualname)
-
-    sys.setprofile(profile)
-    try:
-        traffic()
-    finally:
-        sys.setprofile(None)
-    assert entered == []
+    assert python_calls_during(traffic) == []
     assert results == [3, 3, 5, (b"one", src), b"two", (5, src)] and buf[:5] == b"three"
 
 

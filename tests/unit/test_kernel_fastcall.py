@@ -9,28 +9,17 @@ with the reason, except under CI or PYRDS_REQUIRE_FASTCALL=1, where a missing mo
 from __future__ import annotations
 
 import gc
-import os
 import socket
-import sys
 import weakref
 from collections.abc import Iterator
-from types import FrameType, ModuleType
+from types import ModuleType
 from typing import Any
 
 import pytest
+from fastcall_check import fastcall_module, python_calls_during
 
 from pyrds.kernel import socket as ksock
 from pyrds.kernel.socket import RDSSocket
-
-
-def fastcall_module() -> ModuleType:
-    module = ksock._fastcall_module
-    if module is None:
-        why = "pyrds.kernel._fastcall is not built (setup.py needs gcc and Python's headers: python3-dev)"
-        if os.environ.get("CI") or os.environ.get("PYRDS_REQUIRE_FASTCALL") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-    return module  # type: ignore[no-any-return]
 
 
 @pytest.fixture
@@ -190,22 +179,6 @@ def pair(fc: ModuleType) -> Iterator[tuple[RDSSocket, RDSSocket]]:
     yield socks[0], socks[1]
     for s in socks:
         s.close()
-
-
-def python_calls_during(fn: Any) -> list[str]:
-    """The Python functions entered while ``fn`` runs (sys.setprofile's 'call' events)."""
-    seen: list[str] = []
-
-    def profile(frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code is not fn.__code__:
-            seen.append(frame.f_code.co_qualname)
-
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return [name for name in seen if name != "python_calls_during"]
 
 
 def test_data_calls_run_no_python_frame(pair: tuple[RDSSocket, RDSSocket]) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fastcall_check import fastcall_module
 
 from pyrds import uapi
 from pyrds.addr import parse_address
@@ -23,8 +24,6 @@ def data_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     """Every test here runs on both data paths: the C calls of pyrds/kernel/_fastcall.c (when built; see
     test_kernel_fastcall.py for when a missing module fails) and the pure-Python closures."""
     if request.param == "C":
-        from test_kernel_fastcall import fastcall_module
-
         fastcall_module()
     else:
         monkeypatch.setattr(ksock, "FASTCALL", None)
