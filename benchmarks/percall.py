@@ -161,6 +161,8 @@ def measure(variants: dict[str, Callable[[int], Any]], rounds: int, quick: bool)
             a.close()
             b.close()
         row: dict[str, Any] = {"case": label, "size": size, "ip": version, "call": kind, "iterations": n}
+        if "pyrds.kernel" in pairs:  # which data calls pyrds.kernel ran: its C module's, or the closures
+            row["pyrds_kernel_calls"] = type(pairs["pyrds.kernel"][1].recvfrom).__name__
         for name, ts in times.items():
             row[name] = {"best_us": min(ts) * 1e6, "median_us": statistics.median(ts) * 1e6}
         rows.append(row)

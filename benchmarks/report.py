@@ -93,6 +93,15 @@ def _percall_run(run: dict[str, Any] | None) -> list[str]:
     return [f"Measured {run.get('date', '?')} on {run.get('machine', '?')}{note}, in a run of its own.", ""]
 
 
+def _percall_calls(rows: list[dict[str, Any]]) -> list[str]:
+    """Which data calls pyrds.kernel ran (rows before this field was recorded say nothing)."""
+    kinds = sorted({str(r["pyrds_kernel_calls"]) for r in rows if "pyrds_kernel_calls" in r})
+    if not kinds:
+        return []
+    what = {"FastCall": "its C data calls (pyrds/kernel/_fastcall.c)", "function": "its Python closures"}
+    return [f"pyrds.kernel ran {', '.join(what.get(k, k) for k in kinds)} in this run.", ""]
+
+
 def _percall_table(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
@@ -182,6 +191,7 @@ def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
                 "",
                 *_percall_table(data.get("percall") or []),
                 "",
+                *_percall_calls(data.get("percall") or []),
             ]
             if data.get("percall")
             else []

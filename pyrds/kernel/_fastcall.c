@@ -39,6 +39,9 @@ typedef struct {
     PyObject *state;    /* K_SENDTO/K_SENDMSG: the one-element list holding the last route; else NULL */
     PyObject *fallback; /* the Python closure with the same signature: every other shape goes there */
     PyObject *name;     /* for repr */
+    PyCFunction cfunc;  /* method's C function when it is a METH_VARARGS method descriptor, else NULL */
+    PyTypeObject *owner; /* the type cfunc belongs to (a view must be an instance of it); with cfunc */
+    PyTypeObject *seen;  /* the last view type found to be a subtype of owner (a strong reference), or NULL */
     vectorcallfunc vectorcall;
 } FastCall;
 
@@ -83,23 +86,45 @@ empty_sequence(PyObject *obj)
            (PyList_CheckExact(obj) && PyList_GET_SIZE(obj) == 0);
 }
 
-/* method(view, args...[, numeric]): the method descriptor called the way CPython calls s.recv(...) itself (the
- * descriptor's own vectorcall, no bound-method object). The view and the route's numeric address (in place of the
- * user's address object) are held across the call: the closure may replace the route meanwhile, in another
- * thread, while the call waits with the GIL released. n <= 4. */
+/* method(view, args...[, numeric]), as CPython calls s.recv(...) itself: for a METH_VARARGS method descriptor
+ * (the socket's data calls), its C function with the arguments as a tuple, after the type check the
+ * descriptor would make; else the method's own vectorcall. The route's numeric address stands in for the
+ * user's address object. The view is held across the call: the closure may replace the route meanwhile, in
+ * another thread, while the call waits with the GIL released (the tuple holds the numeric address). n <= 4. */
 static PyObject *
-call_on(PyObject *method, PyObject *view, PyObject *const *args, Py_ssize_t n, PyObject *numeric)
+call_on(FastCall *self, PyObject *view, PyObject *const *args, Py_ssize_t n, PyObject *numeric)
 {
+    Py_ssize_t total = numeric != NULL ? n + 1 : n;
+    if (self->cfunc != NULL) {
+        PyTypeObject *type = Py_TYPE(view);
+        if (type != self->seen) {
+            if (!PyType_IsSubtype(type, self->owner))
+                goto generic;
+            Py_XSETREF(self->seen, (PyTypeObject *)Py_NewRef(type));
+        }
+        PyObject *tuple = PyTuple_New(total);
+        if (tuple == NULL)
+            return NULL;
+        for (Py_ssize_t i = 0; i < n; i++)
+            PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+        if (numeric != NULL)
+            PyTuple_SET_ITEM(tuple, n, Py_NewRef(numeric));
+        Py_INCREF(view);
+        PyObject *result = self->cfunc(view, tuple);
+        Py_DECREF(view);
+        Py_DECREF(tuple);
+        return result;
+    }
+generic:;
     PyObject *stack[6];
     stack[0] = view;
     for (Py_ssize_t i = 0; i < n; i++)
         stack[i + 1] = args[i];
-    Py_ssize_t total = n + 1;
     if (numeric != NULL)
-        stack[total++] = numeric;
+        stack[n + 1] = numeric;
     Py_INCREF(view);
     Py_XINCREF(numeric);
-    PyObject *result = PyObject_Vectorcall(method, stack, (size_t)total, NULL);
+    PyObject *result = PyObject_Vectorcall(self->method, stack, (size_t)(total + 1), NULL);
     Py_XDECREF(numeric);
     Py_DECREF(view);
     return result;
@@ -117,23 +142,23 @@ fastcall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, Py
     case K_RECV_INTO: {
         Py_ssize_t flags_at = self->kind == K_RECV ? 1 : 2;
         if (nargs >= 1 && (nargs <= flags_at || (nargs == flags_at + 1 && plain_flags(args[flags_at]))))
-            return call_on(self->method, self->view, args, nargs, NULL);
+            return call_on(self, self->view, args, nargs, NULL);
         break;
     }
     case K_SENDTO: {
         PyObject *entry = last_route(self);
         if (entry != NULL && (nargs == 2 || nargs == 3) && args[nargs - 1] == PyTuple_GET_ITEM(entry, 0))
-            return call_on(self->method, PyTuple_GET_ITEM(entry, 4), args, nargs - 1, PyTuple_GET_ITEM(entry, 3));
+            return call_on(self, PyTuple_GET_ITEM(entry, 4), args, nargs - 1, PyTuple_GET_ITEM(entry, 3));
         break;
     }
     case K_SENDMSG: {
         if (nargs < 1 || nargs > 4 || (nargs >= 2 && !empty_sequence(args[1])))
             break;
         if (nargs < 4 || args[3] == Py_None)
-            return call_on(self->method, self->view, args, nargs < 4 ? nargs : 3, NULL);
+            return call_on(self, self->view, args, nargs < 4 ? nargs : 3, NULL);
         PyObject *entry = last_route(self);
         if (entry != NULL && args[3] == PyTuple_GET_ITEM(entry, 0))
-            return call_on(self->method, PyTuple_GET_ITEM(entry, 4), args, 3, PyTuple_GET_ITEM(entry, 3));
+            return call_on(self, PyTuple_GET_ITEM(entry, 4), args, 3, PyTuple_GET_ITEM(entry, 3));
         break;
     }
     }
@@ -178,6 +203,15 @@ fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->name = Py_NewRef(name);
     self->fallback = Py_NewRef(fallback);
     self->method = Py_NewRef(method);
+    if (Py_IS_TYPE(method, &PyMethodDescr_Type)) {
+        PyMethodDef *def = ((PyMethodDescrObject *)method)->d_method;
+        int calling = def->ml_flags & (METH_VARARGS | METH_KEYWORDS | METH_NOARGS | METH_O | METH_FASTCALL |
+                                        METH_METHOD | METH_CLASS | METH_STATIC);
+        if (calling == METH_VARARGS) {
+            self->cfunc = def->ml_meth;
+            self->owner = (PyTypeObject *)Py_NewRef(PyDescr_TYPE(method));
+        }
+    }
     self->view = needs_view ? Py_NewRef(view) : NULL;
     self->state = needs_state ? Py_NewRef(state) : NULL;
     self->vectorcall = fastcall_vectorcall;
@@ -188,6 +222,8 @@ static int
 fastcall_traverse(FastCall *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->method);
+    Py_VISIT(self->owner);
+    Py_VISIT(self->seen);
     Py_VISIT(self->view);
     Py_VISIT(self->state);
     Py_VISIT(self->fallback);
@@ -199,6 +235,8 @@ static int
 fastcall_clear(FastCall *self)
 {
     Py_CLEAR(self->method);
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->seen);
     Py_CLEAR(self->view);
     Py_CLEAR(self->state);
     Py_CLEAR(self->fallback);

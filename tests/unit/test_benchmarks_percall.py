@@ -55,6 +55,16 @@ def test_report_shows_pyrds_against_the_floor(mods: dict[str, ModuleType]) -> No
     assert "1.100x (median 1.083x)" in line  # floor / stdlib
 
 
+def test_report_says_which_data_calls_pyrds_kernel_ran(mods: dict[str, ModuleType]) -> None:
+    report = mods["report"]
+    row = {"case": "c", "stdlib": {"best_us": 1.0, "median_us": 1.0}, "pyrds_kernel_calls": "FastCall"}
+    assert "C data calls" in report._percall_calls([row])[0]
+    assert "Python closures" in report._percall_calls([{**row, "pyrds_kernel_calls": "function"}])[0]
+    assert report._percall_calls([{"case": "c"}]) == []  # a run from before the field: nothing claimed
+    head, _sep, line = report._percall_table([row])  # the field is not a column
+    assert "pyrds_kernel_calls" not in head
+
+
 def test_a_percall_run_of_its_own_keeps_the_stress_rows(tmp_path: Any) -> None:
     """``run.py --sections percall --merge`` once replaced the stress rows with none (and the chart of no
     rows failed): the stress part stays, and the per-call table says when and where it was measured."""

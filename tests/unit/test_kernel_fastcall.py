@@ -223,3 +223,31 @@ def test_pure_python_mode_when_the_module_is_absent(monkeypatch: pytest.MonkeyPa
         assert r.recvfrom(10) == (b"self", r.getsockname())
     finally:
         r.close()
+
+
+def test_a_c_method_runs_only_on_its_own_type(fc: ModuleType) -> None:
+    """The stdlib's METH_VARARGS methods are called through their C function: only after the type check the
+    method descriptor itself makes (a view of another type gets the descriptor's TypeError)."""
+    import _socket
+
+    call = fc.FastCall(fc.RECV, "recv", fallback, _socket.socket.recv, object())
+    with pytest.raises(TypeError, match="doesn't apply"):
+        call(10)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.bind(("127.0.0.1", 0))
+        s.setblocking(False)
+        s.sendto(b"own", s.getsockname())
+        state: list[Any] = [(s.getsockname(), None, None, s.getsockname(), s)]
+        send = fc.FastCall(fc.SENDTO, "sendto", fallback, _socket.socket.sendto, None, state)
+        recv = fc.FastCall(fc.RECV, "recvfrom", fallback, _socket.socket.recvfrom, s)
+        assert send(b"again", state[0][0]) == 5
+        assert recv(10) == (b"own", s.getsockname())
+        assert recv(10, 0) == (b"again", s.getsockname())
+        with pytest.raises(BlockingIOError):
+            recv(10)
+        state[0] = (state[0][0], None, None, state[0][3], object())  # a view of the wrong type
+        with pytest.raises(TypeError, match="doesn't apply"):
+            send(b"x", state[0][0])
+    finally:
+        s.close()
