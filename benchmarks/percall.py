@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 AF_RDS = 21
 BUF = 1 << 20
-# (label, size, IP version, "sendto" | "sendmsg")
+# (label, size, IP version, "sendto" | "sendmsg" | "reply")
 CASES = [
     ("sendto+recvfrom 0 B v4", 0, 4, "sendto"),
     ("sendto+recvfrom 1 KiB v4", 1024, 4, "sendto"),
@@ -45,6 +45,10 @@ CASES = [
     ("sendto+recvfrom 64 KiB v6", 65536, 6, "sendto"),
     ("sendmsg+recvmsg 1 KiB v4", 1024, 4, "sendmsg"),
     ("sendmsg+recvmsg 1 KiB v6", 1024, 6, "sendmsg"),
+    # a server's reply to the source recvfrom returned (a new address tuple every time): two sends and two
+    # receives per iteration
+    ("reply to the source 1 KiB v4", 1024, 4, "reply"),
+    ("reply to the source 1 KiB v6", 1024, 6, "reply"),
 ]
 
 
@@ -128,6 +132,15 @@ def batch(a: Any, b: Any, dest: Any, size: int, kind: str, n: int) -> float:
         for _ in range(n):
             sendto(payload, dest)
             recvfrom(65536)
+        return (time.perf_counter() - t0) / n
+    if kind == "reply":
+        sendto, recvfrom, reply, back = a.sendto, b.recvfrom, b.sendto, a.recvfrom
+        t0 = time.perf_counter()
+        for _ in range(n):
+            sendto(payload, dest)
+            data, source = recvfrom(65536)
+            reply(data, source)
+            back(65536)
         return (time.perf_counter() - t0) / n
     sendmsg, recvmsg = a.sendmsg, b.recvmsg
     bufs = [payload]

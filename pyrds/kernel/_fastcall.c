@@ -8,12 +8,14 @@
  *
  *   recv(bufsize[, flags]), recvfrom(...)       flags absent, or an int without MSG_TRUNC
  *   recv_into(buffer[, nbytes[, flags]]), ...    the same (MSG_TRUNC needs the clamp, which stays in Python)
- *   sendto(data[, flags], address)               address is the very object of the last route learned
+ *   sendto(data[, flags], address)               address is the very object of the last route learned, or
+ *                                                a tuple of exact str/int equal to it when its host is a literal IP
  *   sendmsg(buffers, ancdata, flags, address)    ancdata an empty tuple or list; address as for sendto, or
  *                                                absent/None (the AF_INET6 view's sendmsg, as in Python)
  *
  * The last route is shared with the Python side through a one-element list, "state", whose item is the tuple
- * (address object, view's sendto, view's sendmsg, numeric address, view) that the closure replaces whole when it
+ * (address object, view's sendto, view's sendmsg, numeric address, view, host is a literal IP) that the closure
+ * replaces whole when it
  * learns a destination; this object only reads it. No keyword arguments on the fast path (the closures take
  * sendmsg's by keyword; the stdlib methods take none).
  *
@@ -74,9 +76,45 @@ last_route(FastCall *self)
     if (!PyList_CheckExact(self->state) || PyList_GET_SIZE(self->state) != 1)
         return NULL;
     PyObject *entry = PyList_GET_ITEM(self->state, 0);
-    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 5)
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 6)
         return NULL;
     return entry;
+}
+
+/* address is the route's address object, or (the route's host is a literal IP: entry[5] is True) a tuple equal to
+ * it made only of exact str and int, like the ones recvfrom returns: a server replying to each source. Only exact
+ * types compare: a subclass could define its own equality; the closure decides for it. */
+static int
+same_destination(PyObject *entry, PyObject *address)
+{
+    PyObject *known = PyTuple_GET_ITEM(entry, 0);
+    if (address == known)
+        return 1;
+    if (PyTuple_GET_ITEM(entry, 5) != Py_True || !PyTuple_CheckExact(address) || !PyTuple_CheckExact(known))
+        return 0;
+    Py_ssize_t n = PyTuple_GET_SIZE(address);
+    if (n != PyTuple_GET_SIZE(known) || (n != 2 && n != 4))
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GET_ITEM(address, i), *b = PyTuple_GET_ITEM(known, i);
+        if (a == b)
+            continue;
+        int equal;
+        if (i == 0) {
+            if (!PyUnicode_CheckExact(a) || !PyUnicode_CheckExact(b))
+                return 0;
+            equal = PyUnicode_Compare(a, b) == 0;
+        } else {
+            if (!PyLong_CheckExact(a) || !PyLong_CheckExact(b))
+                return 0;
+            equal = PyObject_RichCompareBool(a, b, Py_EQ);
+        }
+        if (equal != 1) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
 }
 
 static int
@@ -147,7 +185,7 @@ fastcall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, Py
     }
     case K_SENDTO: {
         PyObject *entry = last_route(self);
-        if (entry != NULL && (nargs == 2 || nargs == 3) && args[nargs - 1] == PyTuple_GET_ITEM(entry, 0))
+        if (entry != NULL && (nargs == 2 || nargs == 3) && same_destination(entry, args[nargs - 1]))
             return call_on(self, PyTuple_GET_ITEM(entry, 4), args, nargs - 1, PyTuple_GET_ITEM(entry, 3));
         break;
     }
@@ -157,7 +195,7 @@ fastcall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, Py
         if (nargs < 4 || args[3] == Py_None)
             return call_on(self, self->view, args, nargs < 4 ? nargs : 3, NULL);
         PyObject *entry = last_route(self);
-        if (entry != NULL && args[3] == PyTuple_GET_ITEM(entry, 0))
+        if (entry != NULL && same_destination(entry, args[3]))
             return call_on(self, PyTuple_GET_ITEM(entry, 4), args, 3, PyTuple_GET_ITEM(entry, 3));
         break;
     }

@@ -158,12 +158,17 @@ def _data_calls(v4: _View, v6: _View, fast: Any = None) -> dict[str, Any]:
     # immutable. A list of one item so that the C FastCall objects read the same route.
     noarg = _NOARG  # (a closure cell is read faster than a global)
     zero = 0
-    # (the view itself is the 5th item, for the C calls)
-    last: list[tuple[Any, Any, Any, Any, Any]] = [(_NOARG, send4, sendmsg4, None, v4)]
+    # (for the C calls, the view itself, and whether the host is a literal IP: then an equal tuple of exact
+    # str/int types is the same destination, as in route's cache; a name is resolved again for a new object)
+    last: list[tuple[Any, Any, Any, Any, Any, bool]] = [(_NOARG, send4, sendmsg4, None, v4, False)]
 
-    def _learn(address: Any) -> tuple[Any, Any, Any, Any, Any]:
+    def _learn(address: Any) -> tuple[Any, Any, Any, Any, Any, bool]:
         v6_dest, addr = route(address)
-        entry = (address, send6, sendmsg6, addr, v6) if v6_dest else (address, send4, sendmsg4, addr, v4)
+        literal = address[0] == addr[0]  # route() accepted it: a 2- or 4-tuple
+        if v6_dest:
+            entry = (address, send6, sendmsg6, addr, v6, literal)
+        else:
+            entry = (address, send4, sendmsg4, addr, v4, literal)
         if _exact(address):
             last[0] = entry
         return entry

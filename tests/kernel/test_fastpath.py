@@ -173,14 +173,18 @@ def test_errors_match_the_stdlib_socket(data_path: str, sockets: list[Any]) -> N
 
 @pytest.mark.parametrize(("host", "port"), [("127.0.0.1", 4700), ("::1", 4710)])
 def test_c_data_calls_run_no_python_frame(sockets: list[Any], host: str, port: int) -> None:
-    """With the C module, sendto/sendmsg to a known destination and every receive without MSG_TRUNC enter no
-    Python function on a real AF_RDS socket, IPv4 and IPv6 (issue 10: the stdlib's cost per call)."""
+    """With the C module, sendto/sendmsg to a known destination (also a reply to the source recvfrom gave) and
+    every receive without MSG_TRUNC enter no Python function on a real AF_RDS socket, IPv4 and IPv6 (issue 10:
+    the stdlib's cost per call)."""
     fastcall_module()
     a, b = loop_pair(sockets, host=host, port=port)
     b.settimeout(10)
     dest, src = b.getsockname(), a.getsockname()
+    a.settimeout(10)
     a.sendto(b"warm", dest)  # learns the route: one Python call per new destination
     assert b.recvfrom(10) == (b"warm", src)
+    b.sendto(b"back", src)
+    assert a.recvfrom(10) == (b"back", dest)
     buf = bytearray(8)
     results: list[Any] = []
 
@@ -191,9 +195,14 @@ def test_c_data_calls_run_no_python_frame(sockets: list[Any], host: str, port: i
         results.append(b.recvfrom(10))
         results.append(b.recv(10, socket.MSG_DONTWAIT))
         results.append(b.recvfrom_into(buf, 8))
+        # a server's reply to the source recvfrom gave (a new tuple, equal to the one learned)
+        a.sendto(b"ping", dest)
+        data, source = b.recvfrom(10)
+        results.append(b.sendto(data, source))
+        results.append(a.recvfrom(10))
 
     assert python_calls_during(traffic) == []
-    assert results == [3, 3, 5, (b"one", src), b"two", (5, src)] and buf[:5] == b"three"
+    assert results == [3, 3, 5, (b"one", src), b"two", (5, src), 4, (b"ping", dest)] and buf[:5] == b"three"
 
 
 def test_rds_info_and_large_getsockopt_still_work(sockets: list[Any]) -> None:

@@ -37,6 +37,14 @@ def test_floor_passes_every_call_shape_through(mods: dict[str, ModuleType], monk
         assert a.sendmsg([b"thr", b"ee"], [], 0, dest) == 5
         data, anc, flags, addr = b.recvmsg(100)
         assert (data, anc, addr) == (b"three", [], a.getsockname())
+        for kind in ("sendto", "sendmsg", "reply"):  # every loop of the cases runs (and drains what it sent)
+            assert percall.batch(a, b, dest, 16, kind, 3) > 0
+        assert {case[3] for case in percall.CASES} == {"sendto", "sendmsg", "reply"}
+        a.setblocking(False)
+        b.setblocking(False)
+        for s in (a, b):
+            with pytest.raises(BlockingIOError):
+                s.recvfrom(100)
     finally:
         a.close()
         b.close()

@@ -82,7 +82,7 @@ def test_recv_into_shapes(fc: ModuleType, args: tuple[Any, ...], fast: bool) -> 
 def test_sendto_uses_the_route_of_the_same_address_object(fc: ModuleType) -> None:
     addr = ("127.0.0.1", 4000)
     view4, view6 = object(), object()
-    state: list[Any] = [(addr, None, None, ("127.0.0.1", 4000), view4)]
+    state: list[Any] = [(addr, None, None, ("127.0.0.1", 4000), view4, False)]  # a name's route, say
     call = fc.FastCall(fc.SENDTO, "sendto", fallback, method, None, state)
     assert call(b"x", addr) == ("C", view4, (b"x", ("127.0.0.1", 4000)))
     assert call(b"x", 5, addr) == ("C", view4, (b"x", 5, ("127.0.0.1", 4000)))
@@ -93,17 +93,54 @@ def test_sendto_uses_the_route_of_the_same_address_object(fc: ModuleType) -> Non
     assert call(b"x", address=addr) == ("py", (b"x",), {"address": addr})
     # the closure learns a new destination by replacing the list's item: the C call reads it
     addr6 = ("::1", 5, 0, 0)
-    state[0] = (addr6, None, None, ("::1", 5, 0, 0), view6)
+    state[0] = (addr6, None, None, ("::1", 5, 0, 0), view6, False)
     assert call(b"y", addr6) == ("C", view6, (b"y", ("::1", 5, 0, 0)))
     assert call(b"y", addr) == ("py", (b"y", addr), {})
     state[0] = "not a route"  # never trusted: the closure gets the call
     assert call(b"z", addr6) == ("py", (b"z", addr6), {})
 
 
+class Str(str):
+    pass
+
+
+class Int(int):
+    pass
+
+
+def test_an_equal_address_is_the_same_destination_when_its_host_is_a_literal(fc: ModuleType) -> None:
+    """A server replies to each source recvfrom returned: a new tuple per message, equal to the last one."""
+    host = "".join(["10.0.0.", "1"])  # not the interned literal below
+    addr = ("10.0.0.1", 4000)
+    view = object()
+    state: list[Any] = [(addr, None, None, ("10.0.0.1", 4000), view, True)]
+    call = fc.FastCall(fc.SENDTO, "sendto", fallback, method, None, state)
+    new = (host, 4000)
+    assert new is not addr and new[0] is not addr[0]
+    assert call(b"x", new) == ("C", view, (b"x", ("10.0.0.1", 4000)))
+    assert call(b"x", 0, (host, 4000 + len(host) * 0)) == ("C", view, (b"x", 0, ("10.0.0.1", 4000)))
+    for other in [
+        (host, 4001),
+        ("10.0.0.2", 4000),
+        (Str(host), 4000),  # a subclass could define its own equality: the closure decides
+        (host, Int(4000)),
+        (host, 4000, 0, 0),
+        [host, 4000],
+        (host,),
+    ]:
+        assert call(b"x", other) == ("py", (b"x", other), {}), other
+    addr6 = ("fd00::1", 9, 0, 0)
+    state[0] = (addr6, None, None, addr6, view, True)
+    assert call(b"y", ("fd00::1", 9, 0, 0 + len(host) * 0)) == ("C", view, (b"y", addr6))
+    assert call(b"y", ("fd00::1", 9, 1, 0)) == ("py", (b"y", ("fd00::1", 9, 1, 0)), {})
+    sendmsg = fc.FastCall(fc.SENDMSG, "sendmsg", fallback, method, object(), state)
+    assert sendmsg([b"z"], [], 0, ("fd00::1", 9, 0, 0)) == ("C", view, ([b"z"], [], 0, addr6))
+
+
 def test_sendmsg_shapes(fc: ModuleType) -> None:
     addr = ("127.0.0.1", 4000)
     view4, view6 = object(), object()
-    state: list[Any] = [(addr, None, None, ("127.0.0.1", 4000), view4)]
+    state: list[Any] = [(addr, None, None, ("127.0.0.1", 4000), view4, False)]
     call = fc.FastCall(fc.SENDMSG, "sendmsg", fallback, method, view6, state)
     bufs = [b"a"]
     assert call(bufs) == ("C", view6, (bufs,))
@@ -203,6 +240,20 @@ def test_data_calls_run_no_python_frame(pair: tuple[RDSSocket, RDSSocket]) -> No
 
     assert python_calls_during(traffic) == []
     assert results == [3, 3, 5, 4, (b"one", src), b"two", (b"three", [], 0, src), 4, (4, src)]
+    # a server's pattern: reply to the address recvfrom returned (a new, equal tuple every time)
+    echoed: list[Any] = []
+
+    def echo() -> None:
+        for i in range(3):
+            a.sendto(b"ping%d" % i, dest)
+            data, source = b.recvfrom(10)
+            b.sendto(data, source)
+            echoed.append(a.recvfrom(10))
+
+    b.sendto(b"learn", src)  # b's first destination: learned once by the closure
+    assert a.recvfrom(10) == (b"learn", dest)
+    assert python_calls_during(echo) == []
+    assert echoed == [(b"ping%d" % i, dest) for i in range(3)]
     # MSG_TRUNC and a new destination take the closure: still correct, one Python call each
     a.sendto(b"0123456789", dest)
     calls = python_calls_during(lambda: results.append(b.recv(4, socket.MSG_TRUNC)))
@@ -238,7 +289,7 @@ def test_a_c_method_runs_only_on_its_own_type(fc: ModuleType) -> None:
         s.bind(("127.0.0.1", 0))
         s.setblocking(False)
         s.sendto(b"own", s.getsockname())
-        state: list[Any] = [(s.getsockname(), None, None, s.getsockname(), s)]
+        state: list[Any] = [(s.getsockname(), None, None, s.getsockname(), s, True)]
         send = fc.FastCall(fc.SENDTO, "sendto", fallback, _socket.socket.sendto, None, state)
         recv = fc.FastCall(fc.RECV, "recvfrom", fallback, _socket.socket.recvfrom, s)
         assert send(b"again", state[0][0]) == 5
@@ -246,7 +297,7 @@ def test_a_c_method_runs_only_on_its_own_type(fc: ModuleType) -> None:
         assert recv(10, 0) == (b"again", s.getsockname())
         with pytest.raises(BlockingIOError):
             recv(10)
-        state[0] = (state[0][0], None, None, state[0][3], object())  # a view of the wrong type
+        state[0] = (state[0][0], None, None, state[0][3], object(), True)  # a view of the wrong type
         with pytest.raises(TypeError, match="doesn't apply"):
             send(b"x", state[0][0])
     finally:
