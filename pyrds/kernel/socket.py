@@ -11,9 +11,9 @@ the fd: the :class:`RDSSocket` does, closes it once, and detaches both views fir
 return a buffer grown to the full message length and ``recv_into`` the full length). That check is a Python
 closure per call; when the optional C module ``pyrds.kernel._fastcall`` is built (setup.py), a ``FastCall``
 object calls the view's C method itself for the shapes where the closure would only forward (no MSG_TRUNC,
-the last destination again) and the closure for every other, so a data call costs no Python frame. ctypes
-remains for what the stdlib cannot do: getsockopt buffers over 1024 bytes and the RDS_INFO tables
-(pyrds/kernel/libc.py).
+the last destination again, also as an equal tuple when its host is a literal IP) and the closure for every
+other, so a data call costs no Python frame. ctypes remains for what the stdlib cannot do: getsockopt buffers
+over 1024 bytes and the RDS_INFO tables (pyrds/kernel/libc.py).
 
 Timeouts are CPython's own (both views carry the same timeout): ``settimeout(None)`` leaves the fd blocking;
 ``settimeout(0)`` makes it non-blocking (EAGAIN raises ``BlockingIOError``); ``settimeout(t > 0)`` makes the
