@@ -15,8 +15,7 @@
  *
  * The last route is shared with the Python side through a one-element list, "state", whose item is the tuple
  * (address object, view's sendto, view's sendmsg, numeric address, view, host is a literal IP) that the closure
- * replaces whole when it
- * learns a destination; this object only reads it. No keyword arguments on the fast path (the closures take
+ * replaces whole when it learns a destination; this object only reads it. No keyword arguments on the fast path (the closures take
  * sendmsg's by keyword; the stdlib methods take none).
  *
  * Written for the CPython 3.11+ C API (vectorcall); no Limited API.
@@ -43,7 +42,6 @@ typedef struct {
     PyObject *name;     /* for repr */
     PyCFunction cfunc;  /* method's C function when it is a METH_VARARGS method descriptor, else NULL */
     PyTypeObject *owner; /* the type cfunc belongs to (a view must be an instance of it); with cfunc */
-    PyTypeObject *seen;  /* the last view type found to be a subtype of owner (a strong reference), or NULL */
     vectorcallfunc vectorcall;
 } FastCall;
 
@@ -126,20 +124,15 @@ empty_sequence(PyObject *obj)
 
 /* method(view, args...[, numeric]), as CPython calls s.recv(...) itself: for a METH_VARARGS method descriptor
  * (the socket's data calls), its C function with the arguments as a tuple, after the type check the
- * descriptor would make; else the method's own vectorcall. The route's numeric address stands in for the
+ * descriptor would make (a view of another type: the method's own vectorcall, which raises its TypeError);
+ * else the method's own vectorcall. The route's numeric address stands in for the
  * user's address object. The view is held across the call: the closure may replace the route meanwhile, in
  * another thread, while the call waits with the GIL released (the tuple holds the numeric address). n <= 4. */
 static PyObject *
 call_on(FastCall *self, PyObject *view, PyObject *const *args, Py_ssize_t n, PyObject *numeric)
 {
     Py_ssize_t total = numeric != NULL ? n + 1 : n;
-    if (self->cfunc != NULL) {
-        PyTypeObject *type = Py_TYPE(view);
-        if (type != self->seen) {
-            if (!PyType_IsSubtype(type, self->owner))
-                goto generic;
-            Py_XSETREF(self->seen, (PyTypeObject *)Py_NewRef(type));
-        }
+    if (self->cfunc != NULL && PyObject_TypeCheck(view, self->owner)) {
         PyObject *tuple = PyTuple_New(total);
         if (tuple == NULL)
             return NULL;
@@ -153,7 +146,6 @@ call_on(FastCall *self, PyObject *view, PyObject *const *args, Py_ssize_t n, PyO
         Py_DECREF(tuple);
         return result;
     }
-generic:;
     PyObject *stack[6];
     stack[0] = view;
     for (Py_ssize_t i = 0; i < n; i++)
@@ -261,7 +253,6 @@ fastcall_traverse(FastCall *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->method);
     Py_VISIT(self->owner);
-    Py_VISIT(self->seen);
     Py_VISIT(self->view);
     Py_VISIT(self->state);
     Py_VISIT(self->fallback);
@@ -274,7 +265,6 @@ fastcall_clear(FastCall *self)
 {
     Py_CLEAR(self->method);
     Py_CLEAR(self->owner);
-    Py_CLEAR(self->seen);
     Py_CLEAR(self->view);
     Py_CLEAR(self->state);
     Py_CLEAR(self->fallback);

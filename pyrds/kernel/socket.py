@@ -49,12 +49,6 @@ from pyrds.api import (
 from pyrds.constants import AF_RDS, SIOCRDSGETTOS, SIOCRDSSETTOS, SOL_RDS
 from pyrds.kernel import libc
 
-_fastcall_module: Any
-try:
-    import pyrds.kernel._fastcall as _fastcall_module
-except ImportError:  # built without a C compiler: the pure-Python data calls (same behaviour)
-    _fastcall_module = None
-
 _MAX_INFO_ATTEMPTS = 16
 _MSG_TRUNC = int(_socket.MSG_TRUNC)
 # flags as the stdlib's C methods took them (an int, or any object with __index__): tested after the call,
@@ -64,7 +58,11 @@ _STDLIB_OPTLEN_MAX = 1024  # CPython's getsockopt refuses larger buffers
 _NOARG: Any = object()
 # The C data calls (None: not built). Tests and benchmarks set it to None to run the pure-Python calls; it is
 # read when a socket is made.
-FASTCALL: Any = _fastcall_module
+FASTCALL: Any
+try:
+    import pyrds.kernel._fastcall as FASTCALL
+except ImportError:  # built without a C compiler: the pure-Python data calls (same behaviour)
+    FASTCALL = None
 
 
 class _View(_socket.socket):
@@ -102,6 +100,13 @@ def _exact(address: Any) -> bool:
     return False
 
 
+def _literal(address: Any, numeric: SockAddr) -> bool:
+    """The host of ``address`` (one :func:`route` accepted) is ``numeric``'s own text: a literal, canonical
+    IP, so no name was resolved and an equal address always has the same route."""
+    host = address[0]
+    return bool(host) and host == numeric[0]
+
+
 def route(address: Any) -> tuple[bool, SockAddr]:
     """``(is IPv6, numeric address)`` for a user-supplied RDS address; TypeError/ValueError/OverflowError
     exactly as :func:`pyrds.addr.parse_address`. The numeric address gives CPython's AF_INET/AF_INET6
@@ -118,8 +123,7 @@ def route(address: Any) -> tuple[bool, SockAddr]:
         result: tuple[bool, SockAddr] = (True, (host, a.port, a.flowinfo, a.scope_id))
     else:
         result = (False, (str(a.ip), a.port))
-    host_arg = address[0]
-    if exact and host_arg and host_arg == result[1][0]:  # a literal, canonical IP: no name was resolved
+    if exact and _literal(address, result[1]):
         if len(_ROUTES) >= _ROUTES_MAX:
             _ROUTES.clear()
         _ROUTES[address] = result
@@ -164,7 +168,7 @@ def _data_calls(v4: _View, v6: _View, fast: Any = None) -> dict[str, Any]:
 
     def _learn(address: Any) -> tuple[Any, Any, Any, Any, Any, bool]:
         v6_dest, addr = route(address)
-        literal = address[0] == addr[0]  # route() accepted it: a 2- or 4-tuple
+        literal = _literal(address, addr)
         if v6_dest:
             entry = (address, send6, sendmsg6, addr, v6, literal)
         else:
