@@ -23,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <string.h>
 #include <sys/socket.h>
 
 enum kind {
@@ -79,6 +80,42 @@ last_route(FastCall *self)
     return entry;
 }
 
+/* two exact str objects with the same code points. A reply's host is a new str per message (recvfrom makes one),
+ * so this runs once per reply; compared by length, kind and memory, without PyUnicode_Compare's ordering. */
+static int
+same_str(PyObject *a, PyObject *b)
+{
+    if (!PyUnicode_CheckExact(a) || !PyUnicode_CheckExact(b))
+        return 0;
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(a) < 0 || PyUnicode_READY(b) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+#endif
+    Py_ssize_t length = PyUnicode_GET_LENGTH(a);
+    int kind = PyUnicode_KIND(a);
+    return length == PyUnicode_GET_LENGTH(b) && kind == PyUnicode_KIND(b) &&
+           memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)length * (size_t)kind) == 0;
+}
+
+/* two exact int objects with the same value (a port, flowinfo or scope id: any value that fits a C long; a
+ * larger one goes to the closure, which the stdlib then refuses with its own error) */
+static int
+same_int(PyObject *a, PyObject *b)
+{
+    if (!PyLong_CheckExact(a) || !PyLong_CheckExact(b))
+        return 0;
+    int overflow_a = 0, overflow_b = 0;
+    long value_a = PyLong_AsLongAndOverflow(a, &overflow_a);
+    long value_b = PyLong_AsLongAndOverflow(b, &overflow_b);
+    if (overflow_a || overflow_b || ((value_a == -1 || value_b == -1) && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    return value_a == value_b;
+}
+
 /* address is the route's address object, or (the route's host is a literal IP: entry[5] is True) a tuple equal to
  * it made only of exact str and int, like the ones recvfrom returns: a server replying to each source. Only exact
  * types compare: a subclass could define its own equality; the closure decides for it. */
@@ -97,20 +134,8 @@ same_destination(PyObject *entry, PyObject *address)
         PyObject *a = PyTuple_GET_ITEM(address, i), *b = PyTuple_GET_ITEM(known, i);
         if (a == b)
             continue;
-        int equal;
-        if (i == 0) {
-            if (!PyUnicode_CheckExact(a) || !PyUnicode_CheckExact(b))
-                return 0;
-            equal = PyUnicode_Compare(a, b) == 0;
-        } else {
-            if (!PyLong_CheckExact(a) || !PyLong_CheckExact(b))
-                return 0;
-            equal = PyObject_RichCompareBool(a, b, Py_EQ);
-        }
-        if (equal != 1) {
-            PyErr_Clear();
+        if (!(i == 0 ? same_str(a, b) : same_int(a, b)))
             return 0;
-        }
     }
     return 1;
 }

@@ -125,6 +125,10 @@ def test_an_equal_address_is_the_same_destination_when_its_host_is_a_literal(fc:
         (Str(host), 4000),  # a subclass could define its own equality: the closure decides
         (host, Int(4000)),
         (host, 4000, 0, 0),
+        ("10.0.0.\u0661", 4000),  # same length, another kind of str
+        ("10.0.0.10", 4000),
+        (host, 4000 + 2**64),  # beyond a C long: never the route's port
+        (host, -4000),
         [host, 4000],
         (host,),
     ]:
