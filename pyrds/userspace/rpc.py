@@ -79,6 +79,10 @@ TAG_SEND = 0x01
 TAG_RECV = 0x02
 #: tag, flags, nonblock, len(packed daddr) (0 = none), dport, len(values(ancdata)) (0 = none)
 SEND_REQ = struct.Struct("<BiBBHI")
+#: bits of SEND_REQ's nonblock byte: a non-blocking send; a blocking send asking again after it waited for a
+#: congested port (rds_cong_wait counts cong_send_blocked once per call, not once per ask). Others: EINVAL.
+SEND_NONBLOCK = 0x01
+SEND_WAITED = 0x02
 #: code, bytes sent, post grant: the socket's post epoch when the client may post further sends to the same
 #: destination without waiting (while the page's epoch is unchanged), else -1
 SEND_REP = struct.Struct("<iqq")

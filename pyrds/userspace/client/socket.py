@@ -242,9 +242,20 @@ class RDSSocket(RDSSocketBase):
                 raise os_error(errno.EPIPE, "the pyrds stack service went away") from None
         return memoryview(raw)
 
-    def _send_once(self, buffers: list[rpc.Buffer], anc: bytes, flags: int, dest: Any, nonblock: bool) -> int:
+    def _send_once(
+        self,
+        buffers: list[rpc.Buffer],
+        anc: bytes,
+        flags: int,
+        dest: Any,
+        nonblock: bool,
+        waited: bool = False,
+    ) -> int:
+        """One SEND request; ``waited``: this blocking call already waited for a congested port (the stack
+        counts cong_send_blocked once per call, as rds_cong_wait does)."""
         daddr, dport = dest if dest is not None else (b"", 0)
-        head = _SEND_REQ.pack(rpc.TAG_SEND, flags, nonblock, len(daddr), dport, len(anc))
+        mode = (rpc.SEND_NONBLOCK if nonblock else 0) | (rpc.SEND_WAITED if waited else 0)
+        head = _SEND_REQ.pack(rpc.TAG_SEND, flags, mode, len(daddr), dport, len(anc))
         with self._lock:  # the reply's accounting and grant are taken before another send of this socket
             rep = self._fast([head, daddr, anc, *buffers])
             try:
@@ -505,9 +516,10 @@ class RDSSocket(RDSSocketBase):
             return size
         if timed and not self._wait(select.POLLOUT, deadline):
             raise TimeoutError("timed out")
+        waited = False
         while True:
             try:
-                return self._send_once(bufs, raw_anc, flags, dest, not blocking)
+                return self._send_once(bufs, raw_anc, flags, dest, not blocking, waited)
             except OSError as exc:
                 if not (blocking or timed) or exc.errno not in (errno.EAGAIN, rpc.WAIT_CONG):
                     raise
@@ -515,7 +527,7 @@ class RDSSocket(RDSSocketBase):
                     ok = self._wait(select.POLLOUT, deadline)
                 else:  # congested destination: the kernel sleeps on the map's waitqueue
                     self._wait_cong()
-                    ok = True
+                    waited = ok = True
                 if not ok:
                     raise TimeoutError("timed out") from None
 

@@ -389,13 +389,24 @@ class Service:
             off = rpc.SEND_REQ.size
             dest = (_ip_packed(bytes(view[off : off + dlen])), dport) if dlen else None
             off += dlen
+            if nonblock & ~(rpc.SEND_NONBLOCK | rpc.SEND_WAITED):
+                raise StackError(errno.EINVAL)
             anc = rpc.decode(view[off : off + alen]) if alen else ()
             payload = bytes(view[off + alen :])  # the one copy: Outgoing keeps it (bytes(bytes) is free)
             self._settle(ctl)  # a local receiver's reads count before its port's congestion is tested
             if rs is None:
                 raise StackError(errno.EBADF)
             self.stack.hold_pushes()
-            n = self.stack.sendmsg(rs, payload, anc, flags, dest, bool(nonblock), outbox)
+            n = self.stack.sendmsg(
+                rs,
+                payload,
+                anc,
+                flags,
+                dest,
+                bool(nonblock & rpc.SEND_NONBLOCK),
+                outbox,
+                waited=bool(nonblock & rpc.SEND_WAITED),
+            )
             grant = -1 if anc or flags & ~socket.MSG_DONTWAIT else self.stack.grant_posts(rs, dest)
             reply = rpc.SEND_REP.pack(0, n, grant)
         except Exception as exc:

@@ -301,6 +301,7 @@ class Stack:
         nonblock: bool,
         outbox: Outbox | None = None,
         posted: bool = False,
+        waited: bool = False,
     ) -> int:
         """rds_sendmsg. A message for a transport that does I/O goes to ``outbox`` when one is given (the
         caller flushes it after replying), else straight to the transport. A transport that fails to take
@@ -309,7 +310,10 @@ class Stack:
         ``posted``: a send the client made under a grant (:meth:`grant_posts`) and returned from already.
         Its congestion test was the grant's (a map update since then voided the grant, but a send made
         before it is not refused for it); its send-buffer test is against the buffer the grant was made
-        for. A post outside its grant is refused (StackError; only a client that broke the rules sees it)."""
+        for. A post outside its grant is refused (StackError; only a client that broke the rules sees it).
+
+        ``waited``: this blocking call already waited for a congested port (and was counted): rds_cong_wait
+        counts ``cong_send_blocked`` once per call, however often the client asks again."""
         self.cong.look(rs)
         plen = len(payload)
         daddr, dport, _zcopy, cookie, plan = self._send_checks(rs, plen, anc, flags, dest)
@@ -320,7 +324,8 @@ class Stack:
                 raise StackError(errno.EPERM)
         elif self.cong.test(daddr, dport):
             if not nonblock:
-                self.counters["cong_send_blocked"] += 1
+                if not waited:
+                    self.counters["cong_send_blocked"] += 1
                 self.cong.sleep(rs)
                 raise MustWait()
             if rs.cong_monitor:

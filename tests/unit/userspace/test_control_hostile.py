@@ -5,6 +5,7 @@ service answers with an errno or drops that one connection; a well-behaved clien
 
 from __future__ import annotations
 
+import errno
 import random
 import socket
 import struct
@@ -147,6 +148,29 @@ def test_the_record_that_crashed_the_service_drops_only_its_connection() -> None
     finally:
         a.close()
         b.close()
+
+
+def test_a_send_with_unknown_mode_bits_gets_einval() -> None:
+    """SEND's mode byte has two bits (non-blocking; asked again after waiting for a congested port); any
+    other bit is refused with EINVAL, before the socket is even looked at (EBADF: no OPEN on this
+    connection), and the connection stays."""
+    head = socket.inet_aton("127.0.0.1")
+    keep = RDSSocket()  # starts this namespace's service (and keeps it up)
+    raw = _raw_control()
+    try:
+        for mode, code in [
+            (0x80, errno.EINVAL),
+            (0x04, errno.EINVAL),
+            (0x03, errno.EBADF),
+            (0x01, errno.EBADF),
+        ]:
+            record = rpc.SEND_REQ.pack(rpc.TAG_SEND, 0, mode, 4, 4242, 0) + head + b"data"
+            reply = _exchange(raw, record)
+            assert reply is not None, mode
+            assert rpc.SEND_REP.unpack_from(reply, 1)[0] == code, mode
+    finally:
+        raw.close()
+        keep.close()
 
 
 #: operations a root client may legitimately send that change the service's lifetime (STOP ends it,

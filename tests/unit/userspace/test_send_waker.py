@@ -1,7 +1,8 @@
 """A blocking send to a congested port is woken by the map update that uncongests it (the kernel's
 rds_cong_wait sleeps on the map's waitqueue), not found by polling: RDS/TCP between two stacks in two network
-namespaces (root). The stack counts every time it tells a blocking send to wait (``cong_send_blocked``); a
-client that polled every 5 ms while the port stayed congested for half a second asked about a hundred times.
+namespaces (root). The sender counts its SEND requests; a client that polled every 5 ms while the port
+stayed congested for half a second asked about a hundred times. The stack counts the blocked call once
+(``cong_send_blocked``, as rds_cong_wait does), however often it asks.
 Also in-process: a local receiver over its cap wakes the sender it refused when it drains, and the waker's
 pipe is the stack's and nobody else's to write."""
 
@@ -45,7 +46,14 @@ print("read", n, flush=True)
 
 _SEND = """
 import errno, threading, time, pyrds
+from pyrds.userspace.client.socket import RDSSocket
 from pyrds.userspace.control import stack_counters
+asks = [0]
+once = RDSSocket._send_once
+def counted(self, *args):
+    asks[0] += 1
+    return once(self, *args)
+RDSSocket._send_once = counted
 s = pyrds.socket("userspace"); s.bind(("10.79.0.1", 0))
 dest = ("10.79.0.9", 5000)
 s.setblocking(False)
@@ -61,6 +69,7 @@ while True:  # until the peer's map says the port is congested
         time.sleep(0.01)
 s.setblocking(True)
 before = stack_counters(s)["cong_send_blocked"]
+asks[0] = 0
 done = threading.Event()
 t = threading.Thread(target=lambda: (s.sendto(b"y" * 8192, dest), done.set()), daemon=True)
 started = time.monotonic()
@@ -71,7 +80,8 @@ print("drain", flush=True)
 t.join(20)
 assert done.is_set(), "the blocking send was never woken"
 blocked = time.monotonic() - started
-print("blocked", blocked, "asked", stack_counters(s)["cong_send_blocked"] - before, flush=True)
+counted = stack_counters(s)["cong_send_blocked"] - before
+print("counted", counted, "blocked", blocked, "asked", asks[0], flush=True)
 """
 
 
@@ -120,13 +130,15 @@ def test_blocking_send_woken_by_the_uncongesting_map_update(netns_pair: tuple[st
         if send is not None:
             send.kill()
     words = out.split()
-    blocked, asked = float(words[-3]), int(words[-1])
+    counted, blocked, asked = int(words[-5]), float(words[-3]), int(words[-1])
+    assert counted == 1, out  # one blocked call: the kernel's rds_cong_wait counts it once
     # told to wait once, asked again once with the waker in hand, then once each time the waker's wait ends
     # without news (_CONG_WAKE_CAP at the latest: no map changes while the port stays congested), then woken
     # by the update; a spurious early wake or two is allowed. A run of 0.506 s asked 7 times. Polling every
     # 5 ms asks ~100 times in 0.5 s: 20 times the cap's rate
-    allowed = 2 + math.ceil(blocked / _CONG_WAKE_CAP) + 2
-    assert 1 <= asked <= allowed, out
+    # (and the ask that sends)
+    allowed = 2 + math.ceil(blocked / _CONG_WAKE_CAP) + 2 + 1
+    assert 3 <= asked <= allowed, out
     assert asked < blocked / 0.005 / 4, out
     assert int(read_out.split()[-1]) >= 2
 
@@ -180,3 +192,23 @@ def test_map_update_wakes_each_waiting_sender_once() -> None:
     assert waker.woken == 1  # one-shot: a send that finds the port still congested registers again
     stack.close(tx)
     assert tx.send_waker is None
+
+
+def test_a_blocked_call_is_counted_once_however_often_it_asks() -> None:
+    """rds_cong_wait counts cong_send_blocked once per blocking sendmsg; a client asks again after each wake
+    (``waited``), and those asks are not counted again. A new call is."""
+    stack = Stack()
+    peer = ipaddress.ip_address("10.9.9.9")
+    tx = stack.open()
+    stack.bind(tx, ipaddress.ip_address("127.0.0.1"), 0, 0)
+    tx.transport = Transport.TCP
+    stack.cong.map_for(peer).set(4000)
+    with pytest.raises(MustWait):
+        stack.sendmsg(tx, b"x", [], 0, (peer, 4000), nonblock=False)
+    for _ in range(3):
+        with pytest.raises(MustWait):
+            stack.sendmsg(tx, b"x", [], 0, (peer, 4000), nonblock=False, waited=True)
+    assert stack.counters["cong_send_blocked"] == 1
+    with pytest.raises(MustWait):
+        stack.sendmsg(tx, b"x", [], 0, (peer, 4000), nonblock=False)
+    assert stack.counters["cong_send_blocked"] == 2
