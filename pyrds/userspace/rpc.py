@@ -7,8 +7,8 @@ the same record follow; a record larger than one packet is split (:func:`packet_
 Records: the data path has compact binary records, the rest is :mod:`pyrds.userspace.values` (a fixed,
 bounded encoding of plain values; no foreign byte ever reaches ``marshal`` or ``pickle``):
 
-- ``SEND`` request: :data:`SEND_REQ` (tag, flags, nonblock, destination length, port, ancillary length),
-  the packed destination address, ``values(ancdata)`` (only when there is any) and the payload, which the
+- ``SEND`` request: :data:`SEND_REQ` (tag, flags, mode bits, destination length, port, ancillary length), the
+  packed destination address, ``values(ancdata)`` (only when there is any) and the payload, which the
   client passes to ``sendmsg`` as its own buffer (no copy in Python). Reply: :data:`SEND_REP` (code, bytes).
 - ``RECV`` request: :data:`RECV_REQ` (tag, bufsize, ancbufsize, flags, nonblock). Reply: :data:`RECV_REP`
   (code, msg_flags, source port, scope id, address length, ancillary length), the packed source address,
@@ -77,9 +77,9 @@ WAIT_CONG = 100000
 #: first byte of a binary record (a values record starts with an ASCII letter, never one of these)
 TAG_SEND = 0x01
 TAG_RECV = 0x02
-#: tag, flags, nonblock, len(packed daddr) (0 = none), dport, len(values(ancdata)) (0 = none)
+#: tag, flags, mode, len(packed daddr) (0 = none), dport, len(values(ancdata)) (0 = none)
 SEND_REQ = struct.Struct("<BiBBHI")
-#: bits of SEND_REQ's nonblock byte: a non-blocking send; a blocking send asking again after it waited for a
+#: bits of SEND_REQ's mode byte: a non-blocking send; a blocking send asking again after it waited for a
 #: congested port (rds_cong_wait counts cong_send_blocked once per call, not once per ask). Others: EINVAL.
 SEND_NONBLOCK = 0x01
 SEND_WAITED = 0x02

@@ -47,7 +47,7 @@ def test_blocking_send_to_a_congested_port_waits_and_counts_once(
     def blocking_send() -> None:
         try:
             outcome.append(sender.sendto(b"y" * MSG, dest))
-        except OSError as exc:  # noqa: BLE001 - reported below
+        except OSError as exc:  # reported below
             outcome.append(exc)
 
     thread = threading.Thread(target=blocking_send, daemon=True)

@@ -311,7 +311,7 @@ class Service:
         """A POST notice (service/posting.py). One that is malformed, or comes before OPEN, drops this
         connection (struct.error / OSError reach :meth:`_on_control`)."""
         view = memoryview(record)
-        _tag, flags, _nonblock, dlen, dport, alen = rpc.SEND_REQ.unpack_from(view)
+        _tag, flags, _mode, dlen, dport, alen = rpc.SEND_REQ.unpack_from(view)
         if ctl.rs is None or alen or ctl.rs.grant_epoch < 0:
             raise OSError(errno.EPROTO, "POST before OPEN, before any grant, or with ancillary data")
         off = rpc.SEND_REQ.size
@@ -382,14 +382,14 @@ class Service:
 
     def _fast_send(self, ctl: _Control, record: rpc.Buffer) -> None:
         view = memoryview(record)
-        _tag, flags, nonblock, dlen, dport, alen = rpc.SEND_REQ.unpack_from(view)
+        _tag, flags, mode, dlen, dport, alen = rpc.SEND_REQ.unpack_from(view)
         rs = ctl.rs
         outbox = Outbox()
         try:
             off = rpc.SEND_REQ.size
             dest = (_ip_packed(bytes(view[off : off + dlen])), dport) if dlen else None
             off += dlen
-            if nonblock & ~(rpc.SEND_NONBLOCK | rpc.SEND_WAITED):
+            if mode & ~(rpc.SEND_NONBLOCK | rpc.SEND_WAITED):
                 raise StackError(errno.EINVAL)
             anc = rpc.decode(view[off : off + alen]) if alen else ()
             payload = bytes(view[off + alen :])  # the one copy: Outgoing keeps it (bytes(bytes) is free)
@@ -403,9 +403,9 @@ class Service:
                 anc,
                 flags,
                 dest,
-                bool(nonblock & rpc.SEND_NONBLOCK),
+                bool(mode & rpc.SEND_NONBLOCK),
                 outbox,
-                waited=bool(nonblock & rpc.SEND_WAITED),
+                waited=bool(mode & rpc.SEND_WAITED),
             )
             grant = -1 if anc or flags & ~socket.MSG_DONTWAIT else self.stack.grant_posts(rs, dest)
             reply = rpc.SEND_REP.pack(0, n, grant)

@@ -17,13 +17,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from pyrds.addr import IPAddress
 from pyrds.constants import Transport
 from pyrds.netns import popen_in_netns
 from pyrds.userspace.client.socket import _CONG_WAKE_CAP
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.errors import MustWait
 from pyrds.userspace.stack.resources import recv_cap
-from pyrds.userspace.stack.sockstate import Incoming
+from pyrds.userspace.stack.sockstate import Incoming, SockState
 from pyrds.userspace.transports import loop_transport
 from tests.unit.userspace.fakes import veth_namespaces
 
@@ -134,9 +135,8 @@ def test_blocking_send_woken_by_the_uncongesting_map_update(netns_pair: tuple[st
     assert counted == 1, out  # one blocked call: the kernel's rds_cong_wait counts it once
     # told to wait once, asked again once with the waker in hand, then once each time the waker's wait ends
     # without news (_CONG_WAKE_CAP at the latest: no map changes while the port stays congested), then woken
-    # by the update; a spurious early wake or two is allowed. A run of 0.506 s asked 7 times. Polling every
-    # 5 ms asks ~100 times in 0.5 s: 20 times the cap's rate
-    # (and the ask that sends)
+    # by the update; a spurious early wake or two is allowed; and the ask that sends. A run of 0.506 s asked
+    # 7 times before it sent. Polling every 5 ms asks ~100 times in 0.5 s: 20 times the cap's rate
     allowed = 2 + math.ceil(blocked / _CONG_WAKE_CAP) + 2 + 1
     assert 3 <= asked <= allowed, out
     assert asked < blocked / 0.005 / 4, out
@@ -177,14 +177,20 @@ def test_local_receiver_over_its_cap_wakes_the_refused_sender() -> None:
     assert rx.rcv_charge < recv_cap(rx.rcvbuf)
 
 
-def test_map_update_wakes_each_waiting_sender_once() -> None:
+def _sender_to_congested_port() -> tuple[Stack, SockState, IPAddress]:
+    """A stack, an RDS/TCP socket of it, and a peer whose map says port 4000 is congested."""
     stack = Stack()
     peer = ipaddress.ip_address("10.9.9.9")
     tx = stack.open()
     stack.bind(tx, ipaddress.ip_address("127.0.0.1"), 0, 0)
     tx.transport = Transport.TCP
-    tx.send_waker = waker = _Waker()
     stack.cong.map_for(peer).set(4000)
+    return stack, tx, peer
+
+
+def test_map_update_wakes_each_waiting_sender_once() -> None:
+    stack, tx, peer = _sender_to_congested_port()
+    tx.send_waker = waker = _Waker()
     with pytest.raises(MustWait):
         stack.sendmsg(tx, b"x", [], 0, (peer, 4000), nonblock=False)
     stack.cong_updated(0)
@@ -197,12 +203,7 @@ def test_map_update_wakes_each_waiting_sender_once() -> None:
 def test_a_blocked_call_is_counted_once_however_often_it_asks() -> None:
     """rds_cong_wait counts cong_send_blocked once per blocking sendmsg; a client asks again after each wake
     (``waited``), and those asks are not counted again. A new call is."""
-    stack = Stack()
-    peer = ipaddress.ip_address("10.9.9.9")
-    tx = stack.open()
-    stack.bind(tx, ipaddress.ip_address("127.0.0.1"), 0, 0)
-    tx.transport = Transport.TCP
-    stack.cong.map_for(peer).set(4000)
+    stack, tx, peer = _sender_to_congested_port()
     with pytest.raises(MustWait):
         stack.sendmsg(tx, b"x", [], 0, (peer, 4000), nonblock=False)
     for _ in range(3):
