@@ -4,8 +4,9 @@ Every data call (``send``, ``sendto``, ``sendmsg``, ``recv``, ``recvfrom``, ``re
 ``recvfrom_into``) runs in CPython's ``_socket`` module on two *views* of the one AF_RDS fd: an AF_INET view
 (CPython builds a ``sockaddr_in`` from ``(host, port)``) and an AF_INET6 view (a ``sockaddr_in6`` from a
 4-tuple, and a name buffer large enough that a received IPv6 source comes back as ``(host, port, flowinfo,
-scope_id)``; CPython decodes a name by its ``sa_family``, so IPv4 sources stay 2-tuples). The views never own
-the fd: the :class:`RDSSocket` does, closes it once, and detaches both views first. ``send`` and ``recvmsg``
+scope_id)``; CPython decodes a name by its ``sa_family``, so IPv4 sources stay 2-tuples). The views never close
+the fd: one :class:`_Fd` held by the socket and both views does, once, at ``close()`` (both views detached
+first) or when neither the socket nor a data call taken from it is left. ``send`` and ``recvmsg``
 *are* the C methods (bound per socket); the others add one check around them (the address route of
 ``sendto``/``sendmsg``, cached per destination; ``MSG_TRUNC``, where CPython's ``recv``/``recvfrom`` would
 return a buffer grown to the full message length and ``recv_into`` the full length). That check is a Python
@@ -65,11 +66,38 @@ except ImportError:  # built without a C compiler: the pure-Python data calls (s
     FASTCALL = None
 
 
-class _View(_socket.socket):
-    """A stdlib socket object on an fd it does not own: finalizing it never closes the fd (the owning
-    :class:`RDSSocket` detaches it before closing)."""
+class _Fd:
+    """The fd of an :class:`RDSSocket`, closed once: by ``close()``, or when the last object that can use it
+    is gone. The socket and both views hold it, and every data call holds a view, so a data call taken from
+    a socket keeps the fd open after the socket object is gone (``recv = s.recv; del s``), as the stdlib's
+    bound method keeps its socket."""
 
-    __slots__ = ()
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except InterruptedError:
+                pass  # never retry close on EINTR: the fd is gone on Linux
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except OSError:
+            pass
+
+
+class _View(_socket.socket):
+    """A stdlib socket object on an fd it does not own: finalizing it never closes the fd (its :class:`_Fd`,
+    held in ``owner``, closes it once; :class:`RDSSocket` detaches both views before closing)."""
+
+    __slots__ = ("owner",)
+    owner: _Fd
 
     def __del__(self) -> None:
         self.detach()
@@ -273,6 +301,7 @@ class RDSSocket(RDSSocketBase):
                 os.close(fileno)
             raise
         self._fd = fileno
+        self._owner = self._v4.owner = self._v6.owner = _Fd(fileno)
         if _socket.getdefaulttimeout() is not None:
             # a stdlib socket object takes the process-wide default timeout and makes its fd non-blocking;
             # an RDSSocket starts with timeout None and an adopted fd keeps its blocking mode
@@ -441,15 +470,21 @@ class RDSSocket(RDSSocketBase):
         return self._timeout
 
     def close(self) -> None:
-        fd = self.detach()
-        if fd >= 0:
-            try:
-                os.close(fd)
-            except InterruptedError:
-                pass  # never retry close on EINTR: the fd is gone on Linux
+        """Close the fd now; every data call of this socket, also one taken from it, raises EBADF."""
+        self._release()
+        owner = self.__dict__.get("_owner")
+        if owner is not None:
+            owner.close()
 
     def detach(self) -> int:
         """Give up the fd without closing it; the socket object is closed (calls raise EBADF)."""
+        fd = self._release()
+        owner = self.__dict__.get("_owner")
+        if owner is not None:
+            owner.fd = -1
+        return fd
+
+    def _release(self) -> int:
         fd, self._fd = self._fd, -1
         for name in ("_v4", "_v6"):
             view = self.__dict__.get(name)
@@ -457,9 +492,4 @@ class RDSSocket(RDSSocketBase):
                 view.detach()
         return fd
 
-    def __del__(self) -> None:
-        if getattr(self, "_fd", -1) >= 0:
-            try:
-                self.close()
-            except OSError:
-                pass
+    # no __del__: the fd closes with its _Fd, when neither this socket nor a data call taken from it is left

@@ -234,3 +234,33 @@ def test_detach_dup_repr(sockets: list[Any]) -> None:
     wrapped = RDSSocket(fileno=socket.socket(AF_RDS, socket.SOCK_SEQPACKET).detach())
     sockets.append(wrapped)
     assert wrapped.getsockname() == ("0.0.0.0", 0)
+
+
+def test_a_data_call_taken_from_a_socket_keeps_it_open(data_path: str) -> None:
+    """AF_RDS: ``recv = s.recvfrom; del s`` keeps the socket, as the stdlib's bound method does (it raised
+    EBADF: the socket object closed the fd while its data calls were still held)."""
+    import gc
+    import os
+
+    a = RDSSocket()
+    b = RDSSocket()
+    try:
+        a.bind(("127.0.0.1", 4240))
+        b.bind(("127.0.0.1", 4241))
+        b.settimeout(5)
+        fd = b.fileno()
+        recvfrom = b.recvfrom
+        del b
+        gc.collect()
+        a.sendto(b"after del", ("127.0.0.1", 4241))
+        assert recvfrom(64) == (b"after del", ("127.0.0.1", 4240))
+        del recvfrom
+        with pytest.raises(OSError) as ei:
+            os.fstat(fd)
+        assert ei.value.errno == errno.EBADF
+        # the port is free again: the socket is gone with its last data call
+        c = RDSSocket()
+        c.bind(("127.0.0.1", 4241))
+        c.close()
+    finally:
+        a.close()

@@ -384,3 +384,63 @@ def test_default_timeout_is_not_inherited() -> None:
             s.close()
     finally:
         socket.setdefaulttimeout(old)
+
+
+def _closed(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return True
+    return False
+
+
+def test_a_data_call_taken_from_a_socket_keeps_it_open() -> None:
+    """``recv = s.recv; del s``: the stdlib's bound method keeps its socket, so the call still works; here the
+    data calls are the instance's closures (or C objects), which hold the views, which hold the fd."""
+    a, b = _udp(), _udp()
+    dest = b.getsockname()
+    fd = b.fileno()
+    b.settimeout(5)
+    recvfrom, send_back = b.recvfrom, b.sendto
+    del b
+    gc.collect()
+    assert not _closed(fd)
+    a.sendto(b"after del", dest)
+    data, src = recvfrom(64)
+    assert (data, src) == (b"after del", a.getsockname())
+    assert send_back(b"reply", src) == 5
+    a.settimeout(5)
+    assert a.recv(64) == b"reply"
+    del recvfrom, send_back
+    assert _closed(fd)  # the last holder gone: closed by reference counting, no collection needed
+    a.close()
+
+
+def test_a_socket_alone_closes_its_fd_when_it_goes() -> None:
+    s = _udp()
+    fd = s.fileno()
+    del s
+    assert _closed(fd)
+
+
+def test_close_reaches_a_data_call_taken_before() -> None:
+    a, b = _udp(), _udp()
+    recv, sendto = b.recv, b.sendto
+    fd = b.fileno()
+    b.close()
+    assert _closed(fd)
+    for call in (lambda: recv(1), lambda: sendto(b"x", a.getsockname())):
+        with pytest.raises(OSError) as ei:
+            call()
+        assert ei.value.errno == 9
+    a.close()
+
+
+def test_detach_leaves_the_fd_open_after_everything_is_gone() -> None:
+    s = _udp()
+    recv = s.recv
+    fd = s.detach()
+    del s, recv
+    gc.collect()
+    assert not _closed(fd)
+    os.close(fd)
