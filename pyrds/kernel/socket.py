@@ -4,9 +4,9 @@ Every data call (``send``, ``sendto``, ``sendmsg``, ``recv``, ``recvfrom``, ``re
 ``recvfrom_into``) runs in CPython's ``_socket`` module on two *views* of the one AF_RDS fd: an AF_INET view
 (CPython builds a ``sockaddr_in`` from ``(host, port)``) and an AF_INET6 view (a ``sockaddr_in6`` from a
 4-tuple, and a name buffer large enough that a received IPv6 source comes back as ``(host, port, flowinfo,
-scope_id)``; CPython decodes a name by its ``sa_family``, so IPv4 sources stay 2-tuples). The views never close
-the fd: one :class:`_Fd` held by the socket and both views does, once, at ``close()`` (both views detached
-first) or when neither the socket nor a data call taken from it is left. ``send`` and ``recvmsg``
+scope_id)``; CPython decodes a name by its ``sa_family``, so IPv4 sources stay 2-tuples). The views never
+close the fd: one :class:`_Fd` held by the socket and both views does, once, at ``close()`` (both views
+detached first) or when neither the socket nor a data call taken from it is left. ``send`` and ``recvmsg``
 *are* the C methods (bound per socket); the others add one check around them (the address route of
 ``sendto``/``sendmsg``, cached per destination; ``MSG_TRUNC``, where CPython's ``recv``/``recvfrom`` would
 return a buffer grown to the full message length and ``recv_into`` the full length). That check is a Python
