@@ -77,8 +77,13 @@ class _Fd:
     def __init__(self, fd: int) -> None:
         self.fd = fd
 
-    def close(self) -> None:
+    def detach(self) -> int:
+        """Give the fd up unclosed (-1: it was closed or given up already)."""
         fd, self.fd = self.fd, -1
+        return fd
+
+    def close(self) -> None:
+        fd = self.detach()
         if fd >= 0:
             try:
                 os.close(fd)
@@ -284,7 +289,7 @@ class RDSSocket(RDSSocketBase):
     backend: BackendName = "kernel"
 
     def __init__(self, fileno: int | None = None) -> None:
-        self._fd = -1
+        self._owner = _Fd(-1)  # the fd once it is ours; -1 until then and after close() or detach()
         self._timeout: float | None = None
         created = fileno is None
         if fileno is None:
@@ -300,7 +305,6 @@ class RDSSocket(RDSSocketBase):
             if created:
                 os.close(fileno)
             raise
-        self._fd = fileno
         self._owner = self._v4.owner = self._v6.owner = _Fd(fileno)
         if _socket.getdefaulttimeout() is not None:
             # a stdlib socket object takes the process-wide default timeout and makes its fd non-blocking;
@@ -318,9 +322,10 @@ class RDSSocket(RDSSocketBase):
 
     # -- helpers
     def _check_open(self) -> int:
-        if self._fd < 0:
+        fd = self._owner.fd
+        if fd < 0:
             raise os_error(errno.EBADF)
-        return self._fd
+        return fd
 
     def _view_for(self, address: Any) -> tuple[_View, SockAddr]:
         v6, addr = route(address)
@@ -457,7 +462,7 @@ class RDSSocket(RDSSocketBase):
 
     # -- fd and blocking
     def fileno(self) -> int:
-        return self._fd
+        return self._owner.fd
 
     def settimeout(self, timeout: float | None) -> None:
         timeout = timeout_arg(timeout)
@@ -471,25 +476,18 @@ class RDSSocket(RDSSocketBase):
 
     def close(self) -> None:
         """Close the fd now; every data call of this socket, also one taken from it, raises EBADF."""
-        self._release()
-        owner = self.__dict__.get("_owner")
-        if owner is not None:
-            owner.close()
+        self._detach_views()
+        self._owner.close()
 
     def detach(self) -> int:
         """Give up the fd without closing it; the socket object is closed (calls raise EBADF)."""
-        fd = self._release()
-        owner = self.__dict__.get("_owner")
-        if owner is not None:
-            owner.fd = -1
-        return fd
+        self._detach_views()
+        return self._owner.detach()
 
-    def _release(self) -> int:
-        fd, self._fd = self._fd, -1
+    def _detach_views(self) -> None:
         for name in ("_v4", "_v6"):
             view = self.__dict__.get(name)
             if view is not None:
                 view.detach()
-        return fd
 
     # no __del__: the fd closes with its _Fd, when neither this socket nor a data call taken from it is left
