@@ -62,20 +62,31 @@ def _host(addr: Any) -> tuple[str, int]:
     return str(ipaddress.ip_address(addr[0])), int(addr[1])
 
 
-def roundtrip(a: Any, b: Any, size: int, rds_observe: Any, salt: str = "") -> None:
+def _recv_or_dump(sock: Any, pair: Any, socks: tuple[Any, Any]) -> tuple[bytes, Any]:
+    try:
+        got: tuple[bytes, Any] = sock.recvfrom(RECV_BUF)
+    except OSError:  # TimeoutError included
+        if pair is not None:
+            pair.dump_state(list(socks))
+        raise
+    return got
+
+
+def roundtrip(a: Any, b: Any, size: int, rds_observe: Any, salt: str = "", pair: Any = None) -> None:
     """A message of ``size`` bytes A->B, then another B->A, between sockets pinned to IB: SO_RDS_TRANSPORT of
-    both (observed), payloads and source addresses (also used by test_ib_ipv6.py)."""
+    both (observed), payloads and source addresses (also used by test_ib_ipv6.py). A receive that fails
+    (timeout, errno) prints both nodes' RDS/IB state first (``pair``: the IbPair, when given)."""
     ta = a.getsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT)
     tb = b.getsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT)
     rds_observe("transport", (ta, tb))
     assert ta == tb == Transport.IB
     there, back = _payload(size, salt + "A->B"), _payload(size, salt + "B->A")
     assert a.sendto(there, b.getsockname()) == size
-    got, src = b.recvfrom(RECV_BUF)
+    got, src = _recv_or_dump(b, pair, (a, b))
     assert got == there, f"A->B: {_differs(got, there)}"
     assert _host(src) == _host(a.getsockname())
     assert b.sendto(back, a.getsockname()) == size
-    got, src = a.recvfrom(RECV_BUF)
+    got, src = _recv_or_dump(a, pair, (a, b))
     assert got == back, f"B->A: {_differs(got, back)}"
     assert _host(src) == _host(b.getsockname())
 
@@ -84,7 +95,7 @@ def roundtrip(a: Any, b: Any, size: int, rds_observe: Any, salt: str = "") -> No
 def test_ib_roundtrip(rds_ib_pair, rds_observe, size):
     """A message of ``size`` bytes A->B, then another B->A: payload and source address intact."""
     a, b = _pair(rds_ib_pair)
-    roundtrip(a, b, size, rds_observe)
+    roundtrip(a, b, size, rds_observe, pair=rds_ib_pair)
 
 
 def test_ib_ordering(rds_ib_pair, rds_observe):

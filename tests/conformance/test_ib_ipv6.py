@@ -32,7 +32,7 @@ def test_ib_ipv6_roundtrip(rds_ib_pair, rds_observe, size):
     """A message of ``size`` bytes A->B over the nodes' IPv6 addresses, then another B->A: both sockets on
     RDS/IB, payload and source address intact (test_ib.roundtrip)."""
     a, b = _pair6(rds_ib_pair)
-    roundtrip(a, b, size, rds_observe, salt="v6/")
+    roundtrip(a, b, size, rds_observe, salt="v6/", pair=rds_ib_pair)
 
 
 def test_ib_ipv6_connection_info(rds_ib_pair, rds_observe):
