@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from pyrds.userspace.config import DEFAULT_STACK_NAME
 from tests.unit.test_cli import _can_netns, run_captured
 from tests.unit.userspace.test_trust import _python_for, _wait_gone
 from tests.unit.userspace.test_trust import user as user  # the fixture (pyrdstest, created when missing)
@@ -121,7 +122,8 @@ def test_start_status_stop(ns: str) -> None:
     assert code == 0 and st["stacks"][0]["pid"] == pid and st["stacks"][0]["uptime"] >= IDLE_EXIT * 3
 
     stopped = _run(ns, [*CLI, "stop"])
-    assert stopped.returncode == 0 and f"stopped pyrds stack 'pyrds-stack-v6' (pid {pid})" in stopped.stdout
+    assert stopped.returncode == 0
+    assert f"stopped pyrds stack '{DEFAULT_STACK_NAME}' (pid {pid})" in stopped.stdout
     _wait_gone(pid, 1.0)  # stop returned once it was gone
     code, st = _status(ns)
     assert code == 3 and not st["running"]
@@ -157,7 +159,8 @@ def test_unprivileged_stop_of_the_shared_stack_is_refused(ns: str, user: pwd.str
 
     refused = _run(ns, [*CLI, "stop"], as_user=user)
     assert refused.returncode == 1, refused
-    assert refused.stderr.startswith("pyrds stack: not allowed to stop pyrds stack 'pyrds-stack-v6' (pid ")
+    want = f"pyrds stack: not allowed to stop pyrds stack '{DEFAULT_STACK_NAME}' (pid "
+    assert refused.stderr.startswith(want)
     assert "[EACCES]" in refused.stderr and "Traceback" not in refused.stderr
     seen = _run(ns, [*CLI, "status", "--json"], as_user=user)  # a read: open to every uid
     assert seen.returncode == 0 and json.loads(seen.stdout)["stacks"][0]["pid"] == pid
@@ -173,7 +176,7 @@ def test_a_user_starts_and_stops_a_private_stack(ns: str, user: pwd.struct_passw
     uid = user.pw_uid
     started = _run(ns, [*CLI, "start"], as_user=user)
     assert started.returncode == 0, started.stderr
-    assert f"pyrds stack 'pyrds-stack-v6-uid{uid}': running" in started.stdout
+    assert f"pyrds stack '{DEFAULT_STACK_NAME}-uid{uid}': running" in started.stdout
     seen = _run(ns, [*CLI, "status", "--json"], as_user=user)
     assert seen.returncode == 0, seen.stderr
     (stack,) = json.loads(seen.stdout)["stacks"]
