@@ -66,16 +66,15 @@ def _recv_or_dump(sock: Any, pair: Any, socks: tuple[Any, Any]) -> tuple[bytes, 
     try:
         got: tuple[bytes, Any] = sock.recvfrom(RECV_BUF)
     except OSError:  # TimeoutError included
-        if pair is not None:
-            pair.dump_state(list(socks))
+        pair.dump_state(socks)
         raise
     return got
 
 
-def roundtrip(a: Any, b: Any, size: int, rds_observe: Any, salt: str = "", pair: Any = None) -> None:
+def roundtrip(a: Any, b: Any, size: int, rds_observe: Any, salt: str = "", *, pair: Any) -> None:
     """A message of ``size`` bytes A->B, then another B->A, between sockets pinned to IB: SO_RDS_TRANSPORT of
     both (observed), payloads and source addresses (also used by test_ib_ipv6.py). A receive that fails
-    (timeout, errno) prints both nodes' RDS/IB state first (``pair``: the IbPair, when given)."""
+    (timeout, errno) prints both nodes' RDS/IB state first (``pair``: their IbPair)."""
     ta = a.getsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT)
     tb = b.getsockopt(SOL_RDS, SockOpt.SO_RDS_TRANSPORT)
     rds_observe("transport", (ta, tb))
