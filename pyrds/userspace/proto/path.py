@@ -449,6 +449,13 @@ class PathEngine:
         self._state = state
         self.state_changed_at = now
 
+    def resume_rx(self, next_rx_seq: int) -> None:
+        """Start the receive side where an earlier incarnation of this node left it (its readers have
+        every message below ``next_rx_seq``; a resent copy of one, RETRANSMITTED, is then dropped as old).
+        Only before anything was received, and only a value a sequence can hold."""
+        if self._next_rx_seq == 0 and 0 <= next_rx_seq <= 0xFFFFFFFFFFFFFFFF:
+            self._next_rx_seq = next_rx_seq
+
     def reset_sequences(self) -> list[AckedMessage]:
         """Peer restarted (GEN_NUM changed): seqs restart and unacked messages are flushed, not resent
         (``rds_conn_peer_gen_update``). Returns the flushed messages (the sender releases them)."""

@@ -57,6 +57,7 @@ class FakeStack:
 
 class FakeConn:
     owner = False
+    rx_page = None  # no page: the ACK-before-push rule
     closed = False
     laddr, faddr = LADDR, FADDR
 

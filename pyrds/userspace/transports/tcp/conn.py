@@ -39,6 +39,7 @@ from pyrds.userspace.proto.handshake import send_path_index, should_dial
 from pyrds.userspace.proto.pathset import accept_path, next_dial, pyrds_dialer_port
 from pyrds.userspace.stack.transport import EventLoop, HashKey, StackHost
 from pyrds.userspace.transports.tcp.path import TcpPath
+from pyrds.userspace.transports.tcp.rxseq import RxSeqPage
 
 __all__ = ["Stopped", "TcpConn"]
 
@@ -75,11 +76,19 @@ class Waiting:
 
 class TcpConn:
     def __init__(
-        self, host: StackHost, loop: EventLoop, laddr: IPAddress, faddr: IPAddress, stopped: Stopped
+        self,
+        host: StackHost,
+        loop: EventLoop,
+        laddr: IPAddress,
+        faddr: IPAddress,
+        stopped: Stopped,
+        rx_page: RxSeqPage | None = None,
     ) -> None:
         self.host = host
         self.loop = loop
         self._stopped = stopped
+        #: where its paths keep next_rx_seq across a restart of the service (None: ACK before push)
+        self.rx_page = rx_page
         self.laddr, self.faddr = laddr, faddr
         self.owner = should_dial(laddr, faddr)
         cfg = host.config.sysctl

@@ -35,6 +35,7 @@ from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, Lane
 from pyrds.userspace.stack.counters import count_receive_event
 from pyrds.userspace.stack.sockstate import Incoming, Outgoing, ReadAck
 from pyrds.userspace.stack.transport import EventLoop, StackHost
+from pyrds.userspace.transports.tcp.rxseq import RxSeqPage
 from pyrds.userspace.transports.tcp.sockopt import (
     ack_now,
     advertised_mss,
@@ -79,6 +80,7 @@ class PathOwner(Protocol):
     laddr: IPAddress
     faddr: IPAddress
     owner: bool
+    rx_page: RxSeqPage | None
 
     @property
     def paths(self) -> Sequence[TcpPath]: ...
@@ -120,6 +122,14 @@ class TcpPath:
             max_pongs=PONG_MAX,
             lane0=conn.paths[0].engine if index > 0 else None,
         )
+        #: the page that keeps this path's next_rx_seq across a restart (rxseq.py), and its offset there: with
+        #: it a message may reach a reader once stored; without it, once our TCP's ACK for it is out
+        self._rx_page = conn.rx_page
+        self._rx_at: int | None = None
+        if self._rx_page is not None:
+            self._rx_at = self._rx_page.slot(conn.laddr, conn.faddr, index)
+            if self._rx_at is not None:
+                self.engine.resume_rx(self._rx_page.resume(self._rx_at))
         self.sock: socket.socket | None = None
         self.peer_port: int | None = None  # the TCP peer's port of the current connection
         self.dial_port: int | None = None  # owner: our source port of the last dial (a re-dial avoids it)
@@ -559,8 +569,11 @@ class TcpPath:
         if not data:
             self.lost()
             return
-        # acked before anything read here can reach a reader (docs/userspace.md, "Restart")
-        data, acked = _acked_read(s, data, self._advmss if self.up else 0)
+        if self._rx_at is None:
+            # acked before anything read here can reach a reader (docs/userspace.md, "Restart")
+            data, acked = _acked_read(s, data, self._advmss if self.up else 0)
+        else:
+            acked = True  # each message's sequence is stored before it can reach a reader (_event)
         self._note_read(acked)
         if self._feed(data):
             self._after_read()
@@ -689,6 +702,9 @@ class TcpPath:
         host = self.host
         match ev:
             case MessageReceived(header=h, payload=payload):
+                if self._rx_at is not None:
+                    assert self._rx_page is not None
+                    self._rx_page.store(self._rx_at, h.sequence + 1)
                 now = time.monotonic_ns()
                 inc = Incoming(
                     self.conn.faddr,
@@ -717,6 +733,9 @@ class TcpPath:
             case NpathsNegotiated(npaths=npaths, sport_idx=sport_idx):
                 self.conn.negotiated(npaths, sport_idx)
             case PeerGenChanged(flushed=flushed):
+                if self._rx_at is not None:
+                    assert self._rx_page is not None
+                    self._rx_page.store(self._rx_at, 0)  # the peer's numbers start again
                 self.release(flushed)
                 self.conn.peer_restarted(self)
             case PongReceived() | CongMapDropped():

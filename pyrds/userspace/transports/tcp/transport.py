@@ -32,6 +32,7 @@ from pyrds.userspace.stack.transport import (
 )
 from pyrds.userspace.transports.tcp.conn import TcpConn
 from pyrds.userspace.transports.tcp.path import R, TcpPath
+from pyrds.userspace.transports.tcp.rxseq import RxSeqPage, open_page
 
 __all__ = ["TcpTransport"]
 
@@ -54,6 +55,9 @@ class TcpTransport:
         self._spare: SpareFd | None = None
         #: between cork() and uncork(): the paths given messages, to kick once (insertion order)
         self._corked: dict[TcpPath, None] | None = None
+        #: every path's next_rx_seq, kept for the next service after a kill (rxseq.py); opened once the
+        #: listener is ours (a second service of the stack fails there and must not touch it)
+        self.rx_page: RxSeqPage | None = None
 
     def start(self) -> None:
         """Dual-stack listener on [::]:PYRDS_TCP_PORT with SO_REUSEADDR (rds_tcp_listen_init)."""
@@ -69,6 +73,9 @@ class TcpTransport:
         s.setblocking(False)
         self.listener = s
         self._spare = SpareFd()
+        if self.rx_page is None:
+            cfg = self.host.config
+            self.rx_page = open_page(cfg.owner, cfg.served_name)
         self.loop.register(s, R, self._accept)
 
     def laddr_check(self, ip: IPAddress) -> bool:
@@ -79,7 +86,9 @@ class TcpTransport:
         key = (normalize(laddr), normalize(faddr))
         c = self.conns.get(key)
         if c is None:
-            c = self.conns[key] = TcpConn(self.host, self.loop, *key, stopped=lambda: self.closed)
+            c = self.conns[key] = TcpConn(
+                self.host, self.loop, *key, stopped=lambda: self.closed, rx_page=self.rx_page
+            )
         return c
 
     def _accept(self, _mask: int) -> None:
@@ -209,6 +218,9 @@ class TcpTransport:
         if self._spare is not None:
             self._spare.release()
             self._spare = None
+        if self.rx_page is not None:
+            self.rx_page.close(remove=True)  # a clean exit: the kernel forgets next_rx_seq with its conns
+            self.rx_page = None
 
     # -- info tables
     def info_connections(self) -> Iterable[ConnectionRow]:

@@ -1,0 +1,226 @@
+"""Every RDS/TCP path's ``next_rx_seq``, kept in a file: a restarted service knows what its readers got.
+
+A service killed (SIGKILL, a crash) is its node's kernel crashing, but its clients live on and open new
+sockets. The surviving peer resends, with RETRANSMITTED and their old sequence numbers, the messages its TCP
+saw no ACK for; the kernel's receiver drops those below the path's ``next_rx_seq`` (``rds_recv_incoming``),
+which a new service would not know. Without this file the service makes sure the ACK is out before any
+reader can see a message (``_acked_read`` in :mod:`.path`: TCP_QUICKACK and SIOCINQ after every read, and a
+pure ACK segment per message in request/response). With it, the path stores ``seq + 1`` here before the
+message can reach a reader (one 8-byte store into a shared mapping, which a killed process cannot tear), and
+a new service's paths start from what it holds: the resent copies of what readers already had are dropped
+as old, and what the TCP had not passed on yet comes again and is taken. docs/userspace.md, "Restart".
+
+The file is trusted like the service: in a directory of the service's own uid that nobody else may write
+(``/run/pyrds`` for root's shared stack; ``$XDG_RUNTIME_DIR/pyrds`` for a private stack; none, so no file,
+otherwise), mode 0600, not a link, locked by the one service of the stack (another process of the same name
+cannot share it), named by the stack's name and the network namespace's cookie (``SO_NETNS_COOKIE``: never
+reused while the machine runs). A clean exit removes it (the kernel forgets ``next_rx_seq`` when its
+connections are destroyed). Its contents are checked before use: a file of another size or magic starts
+empty. A path whose key finds no free slot (:data:`SLOTS`) keeps the ACK-before-push rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import mmap
+import os
+import re
+import socket
+import stat
+import struct
+
+from pyrds.addr import IPAddress
+
+__all__ = ["SLOTS", "RxSeqPage", "open_page", "page_path"]
+
+log = logging.getLogger("pyrds.userspace.tcp")
+
+MAGIC = b"PYRDSRX1"
+#: slots for (laddr, faddr, path) keys: 128 peers of 8 paths each
+SLOTS = 1024
+_HEADER = 64
+#: laddr (16, IPv4 left-aligned), faddr (16), IP version (0: a free slot), path index, 6 pad, next_rx_seq
+_SLOT = struct.Struct("=16s16sBB6xQ")
+_SEQ = struct.Struct("=Q")
+_SEQ_AT = 40
+SIZE = _HEADER + SLOTS * _SLOT.size
+#: socket(7) SO_NETNS_COOKIE (Linux 5.14)
+_SO_NETNS_COOKIE = 71
+_ROOT_DIR = "/run/pyrds"
+_PLAIN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: files a directory keeps at most: a service killed in a namespace that is then deleted leaves its file
+#: behind (a cookie cannot be looked up), so a service that starts removes the oldest unlocked ones beyond it
+MAX_FILES = 256
+
+
+def _netns_cookie() -> int | None:
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            raw = s.getsockopt(socket.SOL_SOCKET, _SO_NETNS_COOKIE, 8)
+    except OSError:
+        return None
+    return int.from_bytes(raw, "little") if len(raw) == 8 else None
+
+
+def _private_dir(path: str) -> bool:
+    """``path`` is a directory (not a link) owned by us that nobody else can write or enter."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
+def page_dir(owner: int | None) -> str | None:
+    """The directory of the pages of this uid's stacks, made if missing; None when there is no safe one."""
+    if owner is None and os.geteuid() == 0:
+        parent, path = "/run", _ROOT_DIR
+    else:
+        runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+        if not runtime or not os.path.isabs(runtime) or not _private_dir(runtime):
+            return None
+        parent, path = runtime, os.path.join(runtime, "pyrds")
+    with contextlib.suppress(FileExistsError, OSError):
+        if os.path.isdir(parent):
+            os.mkdir(path, 0o700)
+    return path if _private_dir(path) else None
+
+
+def page_path(directory: str, served_name: str, cookie: int) -> str:
+    """The file of one stack in one network namespace (a name that is not plain is hashed)."""
+    if _PLAIN.fullmatch(served_name):
+        safe = served_name
+    else:
+        safe = "h" + hashlib.sha256(served_name.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return os.path.join(directory, f"{safe}.{cookie:016x}.rxseq")
+
+
+def _key(laddr: IPAddress, faddr: IPAddress, index: int) -> tuple[bytes, bytes, int, int]:
+    return laddr.packed.ljust(16, b"\0"), faddr.packed.ljust(16, b"\0"), laddr.version, index
+
+
+class RxSeqPage:
+    """The mapped file: :meth:`slot` finds or takes a path's slot, :meth:`resume` reads it, :meth:`store`
+    writes it."""
+
+    def __init__(self, fd: int, mm: mmap.mmap, path: str | None) -> None:
+        self._fd = fd
+        self._mm = mm
+        self.path = path
+        self._slots: dict[tuple[bytes, bytes, int, int], int] = {}
+        self._free: list[int] = []
+        for i in range(SLOTS - 1, -1, -1):
+            la, fa, version, index = _SLOT.unpack_from(mm, _HEADER + i * _SLOT.size)[:4]
+            if version in (4, 6) and index < 256:
+                self._slots.setdefault((la, fa, version, index), i)
+            else:
+                self._free.append(i)
+
+    def slot(self, laddr: IPAddress, faddr: IPAddress, index: int) -> int | None:
+        """The byte offset of the path's ``next_rx_seq``; None when every slot is taken."""
+        key = _key(laddr, faddr, index)
+        i = self._slots.get(key)
+        if i is None:
+            if not self._free:
+                return None
+            i = self._free.pop()
+            # the sequence first: a slot taken halfway (a kill between the stores) reads as free or as 0
+            _SEQ.pack_into(self._mm, _HEADER + i * _SLOT.size + _SEQ_AT, 0)
+            _SLOT.pack_into(self._mm, _HEADER + i * _SLOT.size, *key, 0)
+            self._slots[key] = i
+        return _HEADER + i * _SLOT.size + _SEQ_AT
+
+    def resume(self, at: int) -> int:
+        try:
+            value: int = _SEQ.unpack_from(self._mm, at)[0]
+        except ValueError:
+            return 0  # closed
+        return value
+
+    def store(self, at: int, next_rx_seq: int) -> None:
+        try:
+            _SEQ.pack_into(self._mm, at, next_rx_seq)
+        except ValueError:
+            pass  # closed: a path still reading while the stack stops (its readers are gone)
+
+    def close(self, remove: bool) -> None:
+        """Unmap; ``remove`` (a clean exit) also deletes the file."""
+        if self.path is not None and remove:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        with contextlib.suppress(BufferError, ValueError):
+            self._mm.close()
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+def open_page(owner: int | None, served_name: str, directory: str | None = None) -> RxSeqPage | None:
+    """The stack's page, made or taken over from a killed service; None (with a log line) when there is no
+    safe place for it: the stack then keeps the ACK-before-push rule."""
+    cookie = _netns_cookie()
+    if directory is None:
+        directory = page_dir(owner)
+    if cookie is None or directory is None or not _private_dir(directory):
+        log.info("RDS/TCP: no private directory or netns cookie for the receive sequences; ACK before push")
+        return None
+    path = page_path(directory, served_name, cookie)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        log.warning("RDS/TCP: cannot open %s (%s); ACK before push", path, exc)
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise OSError(f"{path} is not a private regular file of uid {os.geteuid()}")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another live service of this name: not ours
+        fresh = st.st_size != SIZE or os.pread(fd, len(MAGIC), 0) != MAGIC
+        if fresh:
+            os.ftruncate(fd, 0)
+            os.ftruncate(fd, SIZE)
+            os.pwrite(fd, MAGIC, 0)
+        mm = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError as exc:
+        os.close(fd)
+        log.warning("RDS/TCP: cannot use %s (%s); ACK before push", path, exc)
+        return None
+    log.info("RDS/TCP: receive sequences kept in %s%s", path, " (new)" if fresh else "")
+    prune(directory, path)
+    return RxSeqPage(fd, mm, path)
+
+
+def prune(directory: str, keep: str, limit: int = MAX_FILES) -> int:
+    """Leave ``directory`` at most ``limit`` page files (``keep`` among them) by removing the oldest that no
+    service holds (not locked); returns how many went."""
+    try:
+        entries = [e for e in os.scandir(directory) if e.name.endswith(".rxseq") and e.path != keep]
+    except OSError:
+        return 0
+    excess = len(entries) + 1 - limit
+    if excess <= 0:
+        return 0
+    aged: list[tuple[float, str]] = []
+    for e in entries:
+        with contextlib.suppress(OSError):
+            aged.append((e.stat(follow_symlinks=False).st_mtime, e.path))
+    aged.sort()
+    removed = 0
+    for _mtime, path in aged:
+        if removed == excess:
+            break
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: a live service's
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
