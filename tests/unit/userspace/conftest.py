@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -60,13 +61,19 @@ def userspace_netns_pair(request: pytest.FixtureRequest, monkeypatch: pytest.Mon
         pair.destroy()
 
 
-@pytest.fixture
-def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    """A connected loopback TCP pair: (ours, non-blocking; the peer's end)."""
+@contextlib.contextmanager
+def tcp_connection() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A new loopback TCP connection: (ours, non-blocking; the peer's end), both closed on exit."""
     with socket.create_server(("127.0.0.1", 0)) as lst:
         peer = socket.create_connection(lst.getsockname())
         ours, _ = lst.accept()
     ours.setblocking(False)
-    yield ours, peer
-    ours.close()
-    peer.close()
+    with ours, peer:
+        yield ours, peer
+
+
+@pytest.fixture
+def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A connected loopback TCP pair: (ours, non-blocking; the peer's end)."""
+    with tcp_connection() as pair:
+        yield pair

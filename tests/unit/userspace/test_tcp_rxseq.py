@@ -9,17 +9,17 @@ import fcntl
 import ipaddress
 import os
 import socket
-import time
 from pathlib import Path
 
 import pytest
 
 from pyrds.userspace.proto.path import PathEngine
-from pyrds.userspace.stack.sockstate import Incoming
 from pyrds.userspace.transports.tcp import path as tcp_path
 from pyrds.userspace.transports.tcp import rxseq
-from pyrds.userspace.transports.tcp.path import R, TcpPath
+from pyrds.userspace.transports.tcp.path import TcpPath
+from tests.unit.userspace.conftest import tcp_connection
 from tests.unit.userspace.test_tcp_path_close import FADDR, LADDR, FakeConn
+from tests.unit.userspace.test_tcp_read_ack import Host, _arrive
 
 A = ipaddress.ip_address("10.1.0.1")
 B = ipaddress.ip_address("10.1.0.2")
@@ -127,21 +127,6 @@ def test_a_private_stack_without_a_runtime_directory_has_no_page(monkeypatch: py
     assert rxseq.page_dir(12345) is None
 
 
-class Host:
-    def __init__(self, inner: object) -> None:
-        self.inner = inner
-        self.incs: list[Incoming] = []
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
-
-    def deliver(self, inc: Incoming) -> bool:
-        self.incs.append(inc)
-        return True
-
-    def push_acked(self, *_a: object) -> None: ...
-
-
 def _path(sock: socket.socket, page: rxseq.RxSeqPage | None) -> tuple[TcpPath, Host]:
     conn = FakeConn()
     conn.rx_page = page  # type: ignore[assignment]
@@ -150,12 +135,6 @@ def _path(sock: socket.socket, page: rxseq.RxSeqPage | None) -> tuple[TcpPath, H
     path = TcpPath(conn, 1)  # type: ignore[arg-type]
     path.established(sock)
     return path, host
-
-
-def _arrive(path: TcpPath, peer: socket.socket, data: bytes) -> None:
-    peer.sendall(data)
-    time.sleep(0.02)
-    path._on_io(R)
 
 
 def test_a_restarted_path_drops_what_the_last_service_delivered_and_takes_the_rest(
@@ -173,38 +152,24 @@ def test_a_restarted_path_drops_what_the_last_service_delivered_and_takes_the_re
     cut = 2 * 48 + 6  # "one" and "two" reach the old service; "three" dies in its TCP
 
     page = _open(state_dir)
-    with socket.create_server(("127.0.0.1", 0)) as lst:
-        peer = socket.create_connection(lst.getsockname())
-        ours, _ = lst.accept()
-    ours.setblocking(False)
-    try:
+    with tcp_connection() as (ours, peer):
         path, host = _path(ours, page)
         _arrive(path, peer, first_copy[:cut])
         assert [i.payload for i in host.incs] == [b"one", b"two"]
         assert all(i.pushable for i in host.incs), "stored, so pushable at once"
-    finally:
-        ours.close()
-        peer.close()
     page.close(remove=False)  # SIGKILL: nothing else is written
 
     sender.connection_lost(0.0)  # the survivor resends all three, RETRANSMITTED, old numbers
     sender.connection_made(0.0)
     resent = sender.bytes_to_send()
     page = _open(state_dir)
-    with socket.create_server(("127.0.0.1", 0)) as lst:
-        peer = socket.create_connection(lst.getsockname())
-        ours, _ = lst.accept()
-    ours.setblocking(False)
-    try:
+    with tcp_connection() as (ours, peer):
         path, host = _path(ours, page)
         assert path.engine.next_rx_seq == 3
         _arrive(path, peer, resent)
         assert [i.payload for i in host.incs] == [b"three"], "the resent copies of one and two are old"
         assert path.host.counters["recv_drop_old_seq"] == 2
-    finally:
-        ours.close()
-        peer.close()
-        page.close(remove=True)
+    page.close(remove=True)
 
 
 def test_without_a_page_a_path_keeps_the_ack_before_push_rule(
