@@ -219,3 +219,15 @@ def test_files_beyond_the_limit_are_pruned_oldest_first_unless_held(state_dir: P
     assert rxseq.prune(str(state_dir), names[5], limit=3) == 3
     assert [os.path.exists(n) for n in names] == [True, False, False, False, True, True]
     held.close(remove=True)
+
+
+def test_a_closed_page_gives_no_slot_and_ignores_stores(state_dir: Path) -> None:
+    """A connection still draining while the stack stops may add a path: no slot (ACK before push), no
+    error from the unmapped file."""
+    page = _open(state_dir)
+    at = page.slot(A, B, 0)
+    assert at is not None
+    page.close(remove=True)
+    assert page.slot(A, B, 1) is None and page.slot(A, B, 0) is None
+    page.store(at, 5)
+    assert page.resume(at) == 0

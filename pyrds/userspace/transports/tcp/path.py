@@ -122,14 +122,16 @@ class TcpPath:
             max_pongs=PONG_MAX,
             lane0=conn.paths[0].engine if index > 0 else None,
         )
-        #: the page that keeps this path's next_rx_seq across a restart (rxseq.py), and its offset there: with
-        #: it a message may reach a reader once stored; without it, once our TCP's ACK for it is out
-        self._rx_page = conn.rx_page
-        self._rx_at: int | None = None
-        if self._rx_page is not None:
-            self._rx_at = self._rx_page.slot(conn.laddr, conn.faddr, index)
-            if self._rx_at is not None:
-                self.engine.resume_rx(self._rx_page.resume(self._rx_at))
+        #: the page that keeps this path's next_rx_seq across a restart (rxseq.py) and its offset there (None:
+        #: no page, or no slot in it): with it a message may reach a reader once stored; without it, once
+        #: our TCP's ACK for it is out
+        self._rx_page: RxSeqPage | None = None
+        self._rx_at = 0
+        page = conn.rx_page
+        at = page.slot(conn.laddr, conn.faddr, index) if page is not None else None
+        if page is not None and at is not None:
+            self._rx_page, self._rx_at = page, at
+            self.engine.resume_rx(page.resume(at))
         self.sock: socket.socket | None = None
         self.peer_port: int | None = None  # the TCP peer's port of the current connection
         self.dial_port: int | None = None  # owner: our source port of the last dial (a re-dial avoids it)
@@ -569,7 +571,7 @@ class TcpPath:
         if not data:
             self.lost()
             return
-        if self._rx_at is None:
+        if self._rx_page is None:
             # acked before anything read here can reach a reader (docs/userspace.md, "Restart")
             data, acked = _acked_read(s, data, self._advmss if self.up else 0)
         else:
@@ -702,8 +704,7 @@ class TcpPath:
         host = self.host
         match ev:
             case MessageReceived(header=h, payload=payload):
-                if self._rx_at is not None:
-                    assert self._rx_page is not None
+                if self._rx_page is not None:
                     self._rx_page.store(self._rx_at, h.sequence + 1)
                 now = time.monotonic_ns()
                 inc = Incoming(
@@ -733,8 +734,7 @@ class TcpPath:
             case NpathsNegotiated(npaths=npaths, sport_idx=sport_idx):
                 self.conn.negotiated(npaths, sport_idx)
             case PeerGenChanged(flushed=flushed):
-                if self._rx_at is not None:
-                    assert self._rx_page is not None
+                if self._rx_page is not None:
                     self._rx_page.store(self._rx_at, 0)  # the peer's numbers start again
                 self.release(flushed)
                 self.conn.peer_restarted(self)

@@ -83,7 +83,7 @@ def page_dir(owner: int | None) -> str | None:
         if not runtime or not os.path.isabs(runtime) or not _private_dir(runtime):
             return None
         parent, path = runtime, os.path.join(runtime, "pyrds")
-    with contextlib.suppress(FileExistsError, OSError):
+    with contextlib.suppress(OSError):  # FileExistsError: made before
         if os.path.isdir(parent):
             os.mkdir(path, 0o700)
     return path if _private_dir(path) else None
@@ -106,10 +106,11 @@ class RxSeqPage:
     """The mapped file: :meth:`slot` finds or takes a path's slot, :meth:`resume` reads it, :meth:`store`
     writes it."""
 
-    def __init__(self, fd: int, mm: mmap.mmap, path: str | None) -> None:
+    def __init__(self, fd: int, mm: mmap.mmap, path: str) -> None:
         self._fd = fd
         self._mm = mm
         self.path = path
+        self._closed = False
         self._slots: dict[tuple[bytes, bytes, int, int], int] = {}
         self._free: list[int] = []
         for i in range(SLOTS - 1, -1, -1):
@@ -120,7 +121,10 @@ class RxSeqPage:
                 self._free.append(i)
 
     def slot(self, laddr: IPAddress, faddr: IPAddress, index: int) -> int | None:
-        """The byte offset of the path's ``next_rx_seq``; None when every slot is taken."""
+        """The byte offset of the path's ``next_rx_seq``; None when every slot is taken, or once closed (a
+        connection still draining while the stack stops may add a path)."""
+        if self._closed:
+            return None
         key = _key(laddr, faddr, index)
         i = self._slots.get(key)
         if i is None:
@@ -134,21 +138,19 @@ class RxSeqPage:
         return _HEADER + i * _SLOT.size + _SEQ_AT
 
     def resume(self, at: int) -> int:
-        try:
-            value: int = _SEQ.unpack_from(self._mm, at)[0]
-        except ValueError:
-            return 0  # closed
+        if self._closed:
+            return 0
+        value: int = _SEQ.unpack_from(self._mm, at)[0]
         return value
 
     def store(self, at: int, next_rx_seq: int) -> None:
-        try:
+        if not self._closed:  # closed: a path still reading while the stack stops (its readers are gone)
             _SEQ.pack_into(self._mm, at, next_rx_seq)
-        except ValueError:
-            pass  # closed: a path still reading while the stack stops (its readers are gone)
 
     def close(self, remove: bool) -> None:
         """Unmap; ``remove`` (a clean exit) also deletes the file."""
-        if self.path is not None and remove:
+        self._closed = True
+        if remove:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
         with contextlib.suppress(BufferError, ValueError):
