@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +37,7 @@ from pyrds.userspace.stack.sockopts import getsockopt, setsockopt
 from pyrds.userspace.stack.sockstate import Outgoing
 from pyrds.userspace.transports import loop_transport
 from pyrds.userspace.transports.tcp import path as tcp_path
+from pyrds.userspace.transports.tcp import rxseq
 from pyrds.userspace.transports.tcp import sockopt as tcp_sockopt
 from pyrds.userspace.transports.tcp.conn import TcpConn
 from pyrds.userspace.transports.tcp.transport import TcpTransport
@@ -562,3 +564,68 @@ def test_path_1_accepted_before_path_0_was_read_waits_for_the_probe(peers: list[
     assert conn.max_paths > 1 and conn.npaths == 8 and conn.with_sport_idx
     assert conn.paths[0].peer_port == port0
     assert conn.paths[1].peer_port == port1
+
+
+def _conn_on_page(mgr: TcpTransport) -> TcpConn:
+    """The transport's connection to SMALL made anew (on the page the test gave the transport)."""
+    mgr.conns.clear()
+    return mgr.conn(LARGE, SMALL)
+
+
+def test_a_restarted_acceptor_pairs_the_owners_redial_by_port_from_the_first_connection(
+    peers: list[socket.socket], tmp_path: Path
+) -> None:
+    """The pairing a 7.x owner's probe taught the last service is kept with the receive sequences
+    (transports/tcp/rxseq.py). The owner re-dials every path at once after the reset, each from a port that
+    names it, in any order: before, the new service took the first arrival for path 0 and left the owner's
+    path 0, with its probe, waiting unread behind it (seen against a 7.3 kernel in the conformance suite's
+    restart scenario: 28 messages, then nothing)."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+
+    def acceptor() -> tuple[TcpConn, TcpTransport]:
+        conn, _svc, _stack, mgr = make_conn_and_transport(owner=False)
+        page = rxseq.open_page(None, "stack", str(state))
+        assert page is not None
+        mgr.rx_page = page
+        return _conn_on_page(mgr), mgr
+
+    first, mgr = acceptor()
+    port0 = kernel_port(0)
+    first.accept(connect_from(port0, peers), port0)
+    arrive(first.paths[0], peers[0], PROBE_7X)
+    assert first.with_sport_idx and first.npaths == 8
+    assert mgr.rx_page is not None
+    mgr.rx_page.close(remove=False)  # SIGKILL: the file stays
+
+    again, mgr2 = acceptor()
+    assert again.with_sport_idx and again.npaths == 8 and len(again.paths) == 8
+    ports = {index: kernel_port(index) for index in (3, 0, 6)}  # path 3's connection comes first
+    for port in ports.values():
+        again.accept(connect_from(port, peers), port)
+    assert {index: again.paths[index].peer_port for index in ports} == ports
+    assert again.host.counters["tcp_accept_deferred"] == 0
+    assert mgr2.rx_page is not None
+    mgr2.rx_page.close(remove=True)
+
+
+def test_a_6_1_owner_leaves_no_pairing_to_resume(peers: list[socket.socket], tmp_path: Path) -> None:
+    """A probe without SPORT_IDX (6.1) names nothing by port: the next service starts from the 6.1 rules."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    conn, _svc, _stack, mgr = make_conn_and_transport(owner=False)
+    mgr.rx_page = rxseq.open_page(None, "stack", str(state))
+    fresh = _conn_on_page(mgr)
+    port = kernel_port(0)
+    fresh.accept(connect_from(port, peers), port)
+    probe_61 = RDSHeader(sequence=1, sport=1, dport=0, exthdr=(ExtHeader.npaths(8),))
+    arrive(fresh.paths[0], peers[0], probe_61.encode())
+    assert not fresh.with_sport_idx
+    assert mgr.rx_page is not None
+    mgr.rx_page.close(remove=False)
+    _conn2, _svc2, _stack2, mgr2 = make_conn_and_transport(owner=False)
+    mgr2.rx_page = rxseq.open_page(None, "stack", str(state))
+    again = _conn_on_page(mgr2)
+    assert not again.with_sport_idx and again.npaths == 0 and len(again.paths) == 1
+    assert mgr2.rx_page is not None
+    mgr2.rx_page.close(remove=True)

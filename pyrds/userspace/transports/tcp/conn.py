@@ -104,6 +104,20 @@ class TcpConn:
         self.paths: list[TcpPath] = [TcpPath(self, 0)]
         #: acceptor: connections for a path that was busy when they arrived, with their peer ports
         self.waiting: deque[Waiting] = deque()
+        if not self.owner:
+            self._resume_pairing()
+
+    def _resume_pairing(self) -> None:
+        """A restarted acceptor: the pairing the last service negotiated with this peer, if it named its paths
+        by source port (rxseq.py): each connection of the owner's re-dial then finds its own path, and that
+        path's receive sequence, before the owner's probe gets through."""
+        npaths, sport_idx = self.paths[0].kept_pairing()
+        if not sport_idx or not 1 < npaths <= RDS_MPATH_WORKERS:
+            return
+        self.with_sport_idx = True
+        self.npaths = npaths
+        while len(self.paths) < npaths:
+            self.paths.append(TcpPath(self, len(self.paths)))
 
     @property
     def closed(self) -> bool:
@@ -158,6 +172,7 @@ class TcpConn:
         self.with_sport_idx = sport_idx
         new = min(npaths, RDS_MPATH_WORKERS if sport_idx else self.max_paths)
         p0 = self.paths[0]
+        p0.keep_pairing(npaths, sport_idx)
         fan_out = new > 1 and new != self.npaths
         if fan_out:
             p0.engine.begin_catchup(len(p0.staged))

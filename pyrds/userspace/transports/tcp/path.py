@@ -168,6 +168,14 @@ class TcpPath:
         self._registered = False  # the current socket is in the event loop
         self._mask = -1  # the events :meth:`_interest` last registered it for (-1: not by it)
 
+    def kept_pairing(self) -> tuple[int, bool]:
+        """What the page kept of the peer's last probe or pong (path 0: see rxseq.py): (NPATHS, SPORT_IDX)."""
+        return (0, False) if self._rx_page is None else self._rx_page.pairing(self._rx_at)
+
+    def keep_pairing(self, npaths: int, sport_idx: bool) -> None:
+        if self._rx_page is not None:
+            self._rx_page.store_pairing(self._rx_at, npaths, sport_idx)
+
     @property
     def up(self) -> bool:
         return self.engine.state == PathState.UP

@@ -17,6 +17,14 @@ cannot share it), named by the stack's name and the network namespace's cookie (
 reused while the machine runs). A clean exit removes it (the kernel forgets ``next_rx_seq`` when its
 connections are destroyed). Its contents are checked before use: a file of another size or magic starts
 empty. A path whose key finds no free slot (:data:`SLOTS`) keeps the ACK-before-push rule.
+
+Path 0's slot also keeps what the peer said in its last probe or pong (NPATHS, SPORT_IDX). A 7.x owner
+re-dials every path at once after the reset, each from a source port that names it; a new acceptor that
+knew nothing would take whichever came first for path 0 (a 7.x kernel acceptor does the same, and drops it
+again once the owner's probe says SPORT_IDX, 7.x ``rds_tcp_conn_slots_available``) and leave the owner's
+path 0, with that probe, waiting unread behind it: messages of one path would meet another path's receive
+sequence, and a receiver that never sends has no ping of its own to break the wait. With the pairing kept,
+the new service pairs every connection by its port from the first one, as the old one did.
 """
 
 from __future__ import annotations
@@ -42,10 +50,14 @@ MAGIC = b"PYRDSRX1"
 #: slots for (laddr, faddr, path) keys: 128 peers of 8 paths each
 SLOTS = 1024
 _HEADER = 64
-#: laddr (16, IPv4 left-aligned), faddr (16), IP version (0: a free slot), path index, 6 pad, next_rx_seq
-_SLOT = struct.Struct("=16s16sBB6xQ")
+#: laddr (16, IPv4 left-aligned), faddr (16), IP version (0: a free slot), path index, the peer's NPATHS and
+#: pairing flags (path 0's slot only: see :meth:`RxSeqPage.pairing`), 4 pad, next_rx_seq
+_SLOT = struct.Struct("=16s16sBBBB4xQ")
 _SEQ = struct.Struct("=Q")
 _SEQ_AT = 40
+_PAIRING = struct.Struct("=BB")
+_PAIRING_BEFORE_SEQ = _SEQ_AT - 34  # the pairing bytes sit at offset 34 of a slot
+_SPORT_IDX = 1
 SIZE = _HEADER + SLOTS * _SLOT.size
 #: socket(7) SO_NETNS_COOKIE (Linux 5.14)
 _SO_NETNS_COOKIE = 71
@@ -133,7 +145,7 @@ class RxSeqPage:
             i = self._free.pop()
             # the sequence first: a slot taken halfway (a kill between the stores) reads as free or as 0
             _SEQ.pack_into(self._mm, _HEADER + i * _SLOT.size + _SEQ_AT, 0)
-            _SLOT.pack_into(self._mm, _HEADER + i * _SLOT.size, *key, 0)
+            _SLOT.pack_into(self._mm, _HEADER + i * _SLOT.size, *key, 0, 0, 0)
             self._slots[key] = i
         return _HEADER + i * _SLOT.size + _SEQ_AT
 
@@ -146,6 +158,19 @@ class RxSeqPage:
     def store(self, at: int, next_rx_seq: int) -> None:
         if not self._closed:  # closed: a path still reading while the stack stops (its readers are gone)
             _SEQ.pack_into(self._mm, at, next_rx_seq)
+
+    def pairing(self, at: int) -> tuple[int, bool]:
+        """What the peer of the path whose sequence is at ``at`` (its path 0) last said in a probe or pong:
+        its NPATHS and whether it names paths by source port (SPORT_IDX); (0, False) when nothing was kept."""
+        if self._closed:
+            return 0, False
+        npaths, flags = _PAIRING.unpack_from(self._mm, at - _PAIRING_BEFORE_SEQ)
+        return int(npaths), bool(flags & _SPORT_IDX)
+
+    def store_pairing(self, at: int, npaths: int, sport_idx: bool) -> None:
+        if not self._closed:
+            flags = _SPORT_IDX if sport_idx else 0
+            _PAIRING.pack_into(self._mm, at - _PAIRING_BEFORE_SEQ, max(0, min(npaths, 255)), flags)
 
     def close(self, remove: bool) -> None:
         """Unmap; ``remove`` (a clean exit) also deletes the file."""
