@@ -19,9 +19,12 @@ import hashlib
 import importlib
 import io
 import itertools
+import os
 import random
 import select
+import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -285,6 +288,91 @@ def rdma_probe(socks: Sequence[Any], *, dest: Any, kind: str) -> int:
     finally:
         del local, iov
     return 0
+
+
+#: a restart scenario's message: (generation, sending socket's index, its message number), then padding
+RESTART_MSG = struct.Struct("!III")
+RESTART_PAD = bytes(52)  # 64-byte messages
+
+
+def stack_service_pid(socks: Sequence[Any]) -> int:
+    """The pid of the userspace stack service that serves ``socks[0]`` (SO_PEERCRED of its control
+    connection); ValueError for a socket of another backend."""
+    ctl = getattr(socks[0], "_ctl", None)
+    if ctl is None:
+        raise ValueError("not a userspace socket with a live control connection")
+    cred = ctl.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    return int.from_bytes(cred[:4], sys.byteorder)
+
+
+def restart_send(
+    socks: Sequence[Any], *, dest: Sequence[Any], count: int, gen: int, timeout: float = 300.0
+) -> dict[str, Any]:
+    """Send ``count`` messages round-robin from ``socks`` to ``dest``; message j of socket i carries (``gen``,
+    i, j). Each socket has a timeout, so a congested destination refuses with ENOBUFS at once (rds_sendmsg
+    is non-blocking on a socket with a timeout, as the stdlib makes it): such a send is tried again 10 ms
+    later. Ends at the first other error or after ``timeout`` seconds in all: per socket the number of sends
+    that returned success, the errno (or "timeout") that ended it (None when all were sent), and how many
+    sends congestion refused."""
+    target = tuple(dest)
+    sent = [0] * len(socks)
+    error: int | str | None = None
+    refused = 0
+    deadline = time.monotonic() + timeout
+    for s in socks:
+        s.settimeout(timeout)
+    try:
+        for j in range(count):
+            i = j % len(socks)
+            msg = RESTART_MSG.pack(gen, i, sent[i]) + RESTART_PAD
+            while True:
+                try:
+                    socks[i].sendto(msg, target)
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.ENOBUFS or time.monotonic() > deadline:
+                        raise
+                    refused += 1
+                    time.sleep(0.01)
+            sent[i] += 1
+    except TimeoutError:
+        error = "timeout"
+    except OSError as exc:
+        error = exc.errno if exc.errno is not None else str(exc)
+    return {"sent": sent, "error": error, "refused": refused}
+
+
+def restart_recv(
+    socks: Sequence[Any], *, nsock: int, count: int, gen: int, idle: float, progress: str
+) -> dict[str, Any]:
+    """Receive on ``socks[0]`` until the last message of each of the ``nsock`` sockets of a ``gen`` sender of
+    ``count`` messages (:func:`restart_send`) arrived, ``idle`` seconds passed without a message ("idle"), or
+    an error (its stack service died: the errno). Every message as (gen, socket, number) in arrival order;
+    the number received so far is written to the file ``progress`` every 50 messages."""
+    sock = socks[0]
+    sock.settimeout(idle)
+    last = {i: count // nsock + (1 if i < count % nsock else 0) - 1 for i in range(nsock)}
+    last = {i: j for i, j in last.items() if j >= 0}
+    got: list[tuple[int, int, int]] = []
+    error: int | str | None = None
+    try:
+        while last:
+            try:
+                data = sock.recv(4096)
+            except TimeoutError:
+                error = "idle"
+                break
+            g, i, j = RESTART_MSG.unpack_from(data)
+            got.append((g, i, j))
+            if g == gen and last.get(i) == j:
+                del last[i]
+            if len(got) % 50 == 0:
+                with open(progress + ".tmp", "w") as f:
+                    f.write(str(len(got)))
+                os.replace(progress + ".tmp", progress)
+    except OSError as exc:
+        error = exc.errno if exc.errno is not None else str(exc)
+    return {"got": got, "error": error}
 
 
 MAINLINE_RESET_ERRNOS = (errno.EAGAIN, errno.ENOBUFS, errno.ECONNRESET, errno.EPIPE)

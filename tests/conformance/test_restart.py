@@ -1,0 +1,254 @@
+"""A userspace node's stack service killed (SIGKILL) in the middle of a transfer and started again, against
+a survivor of either backend (docs/userspace.md, "Restart"; the host's
+tests/unit/userspace/test_restart_netns.py runs the userspace<->userspace case in 5 rounds with more
+messages).
+
+A sends ``COUNT`` messages round-robin from ``NSOCK`` sockets (each held by acks: a send buffer of about
+32 messages) to one socket on B; message j of socket i carries (generation, i, j). A has the smaller
+address, so A owns (dials) the RDS/TCP connection.
+
+* ``receiver``: B's service is killed (B must be userspace; A, the survivor, is either). B "reboots" behind a
+  closed port (an nft reject), a new socket on B (a new service) binds the same address and port, the port
+  opens, and A retransmits what B's TCP had not acked. Per sending socket the old reader got an in-order
+  prefix 0..k-1 and the new one an in-order run m..end with m >= k: nothing twice (a message the killed
+  service delivered but whose TCP ACK had not left comes again, RETRANSMITTED, and the new service drops it
+  by the receive sequence it stored), nothing out of order; m - k messages died with the killed service (its
+  receive queue, bytes unread in its TCP sockets), as with a kernel that crashes: counted, bounded by what
+  was sent.
+* ``sender``: A's service is killed (A must be userspace; B, the survivor, is either). B got an in-order
+  prefix of each socket's messages, no more than A's sender was told were sent; new sockets on A (a new
+  service, sequence numbers from 1 again) send ``AFTER`` more of generation 2, and B gets every one exactly
+  once, in order: the survivor must not drop them as old.
+
+A kernel node has no service to kill: those pairings skip with the reason. The namespaces are replaced after
+each run (the agents still hold sockets of the dead service).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyrds import netns
+from pyrds.constants import InfoType
+from pyrds.info import counters_dict
+from pyrds.testing.kernelinfo import KernelRace
+from pyrds.testing.topology import RDS_TCP_PORT, Node
+
+NSOCK = 8
+COUNT = 3000
+AFTER = 400  # generation 2, sent by new sockets after A's service was killed
+KILL_AT = 600  # B has received this many when a service is killed
+SNDBUF = 2048  # rds_sndbuf: about 32 of the 64-byte messages in flight per socket
+IDLE_S = 60.0  # a receiver that gets nothing for this long ends (a stall is a failure, never a hang)
+
+GATE = """table inet pyrds_restart_gate {{
+ chain in {{
+  type filter hook input priority 0; policy accept;
+  tcp dport {{ {ports} }} tcp flags & (syn | ack) == syn reject with tcp reset
+ }}
+}}
+"""
+
+# A userspace owner restarted (new sequence numbers, a new generation number) against a kernel acceptor before
+# the 7.0 fix series: that acceptor resets a connection when no path is free yet (the old one is still being
+# shut down) after its TCP acked what arrived (rds_tcp_accept_one discards), and the kernel keeps the old
+# receive sequence (it takes one extension header per probe, NPATHS, so it never sees the new generation):
+# the new service's resent copies carry small sequence numbers and RETRANSMITTED, and are dropped as old.
+RESTARTED_OWNER_RACE = KernelRace(
+    "restarted-owner",
+    "a pre-7.0 acceptor can discard a restarted owner's first connection after acking its data",
+)
+
+
+def _per_socket(got: list[Any], gen: int) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {i: [] for i in range(NSOCK)}
+    for g, s, j in got:
+        if g == gen:
+            out[s].append(j)
+    return out
+
+
+def _expected(count: int, i: int) -> int:
+    return count // NSOCK + (1 if i < count % NSOCK else 0)
+
+
+def _wait_progress(path: Path, at_least: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            if int(path.read_text()) >= at_least:
+                return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the receiver did not reach {at_least} messages in {timeout:g} s")
+        time.sleep(0.05)
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL, then wait (at most 10 s) until the process is gone or a zombie."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return
+        if state == "Z":
+            return
+        time.sleep(0.02)
+
+
+def _gate(node: Node, closed: bool) -> None:
+    """Refuse (RST) or admit RDS/TCP connections to ``node`` (the standard port and the one its stack listens
+    on, which the topology's redirect leads to)."""
+    if closed:
+        ports = ", ".join(str(p) for p in sorted({RDS_TCP_PORT, node.tcp_port}))
+        netns.run_cmd_in_netns(node.netns, ["nft", "-f", "-"], input=GATE.format(ports=ports))
+    else:
+        node.sh("nft", "delete", "table", "inet", "pyrds_restart_gate")
+
+
+def _service_pid(node: Node, sock: Any) -> int:
+    pid: int = node.agent.wait(node.agent.job("pyrds.testing.workloads:stack_service_pid", [sock]), 30)
+    return pid
+
+
+def _senders(node: Node, ports: list[int] | None = None) -> list[Any]:
+    socks = []
+    for i in range(NSOCK):
+        s = node.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
+        s.bind((node.addr4, ports[i] if ports else 0))
+        socks.append(s)
+    return socks
+
+
+def _receive_job(node: Node, sock: Any, count: int, gen: int, progress: Path) -> int:
+    jid: int = node.agent.job(
+        "pyrds.testing.workloads:restart_recv",
+        [sock],
+        nsock=NSOCK,
+        count=count,
+        gen=gen,
+        idle=IDLE_S,
+        progress=str(progress),
+    )
+    return jid
+
+
+def _send_job(node: Node, socks: list[Any], dest: Any, count: int, gen: int) -> int:
+    jid: int = node.agent.job(
+        "pyrds.testing.workloads:restart_send", socks, dest=list(dest), count=count, gen=gen
+    )
+    return jid
+
+
+def _counters(node: Node, sock: Any) -> None:
+    """A node's non-zero RDS counters, for the log of a failed run. Never raises."""
+    try:
+        counters = counters_dict(sock.get_info(InfoType.RDS_INFO_COUNTERS))
+        print(f"{node.name} {node.backend} counters: { {k: v for k, v in counters.items() if v} }")
+    except Exception as exc:  # noqa: BLE001 - a diagnostic must not replace the test's own error
+        print(f"{node.name} {node.backend} counters: {type(exc).__name__}: {exc}")
+
+
+def _kill_receiver(nodes: Any, tmp: Path, rds_observe: Any) -> None:
+    na, nb = nodes.a, nodes.b
+    _warm, b = nodes.bound_pair()
+    dest = b.getsockname()
+    old_pid = _service_pid(nb, b)
+    jb = _receive_job(nb, b, COUNT, 1, tmp / "rx1")
+    tx = _senders(na)
+    ja = _send_job(na, tx, dest, COUNT, 1)
+    _wait_progress(tmp / "rx1", KILL_AT, 300)
+    # B "reboots" behind a closed port so that its new socket is bound before A's retransmissions arrive (a
+    # message for a port nobody has bound is dropped, recv_drop_no_sock, as by a kernel)
+    _gate(nb, closed=True)
+    _kill(old_pid)
+    old = nb.agent.wait(jb, 60)
+    assert old["error"] not in (None, "idle"), f"the reader of the killed service saw {old['error']}"
+    b2 = nb.socket()
+    b2.bind(tuple(dest))
+    new_pid = _service_pid(nb, b2)
+    assert new_pid != old_pid
+    jb2 = _receive_job(nb, b2, COUNT, 1, tmp / "rx2")
+    _gate(nb, closed=False)
+    new = nb.agent.wait(jb2, 900)
+    sent = na.agent.wait(ja, 300)
+    if new["error"] is not None or sent["error"] is not None:
+        print(f"after the restart: reader {new['error']} after {len(new['got'])}; sender {sent}")
+        _counters(na, tx[0])
+        _counters(nb, b2)
+        nodes.dump_state([tx[0], b2])
+    assert sent["error"] is None, f"the surviving {na.backend} sender saw {sent['error']}"
+    assert sent["sent"] == [_expected(COUNT, i) for i in range(NSOCK)]
+    assert new["error"] is None, f"the new reader stopped: {new['error']} after {len(new['got'])} messages"
+    olds, news = _per_socket(old["got"], 1), _per_socket(new["got"], 1)
+    lost = 0
+    for i in range(NSOCK):
+        k = len(olds[i])
+        assert olds[i] == list(range(k)), f"socket {i}: before the kill, not 0..{k - 1} in order"
+        total = sent["sent"][i]
+        first = news[i][0] if news[i] else total
+        assert first >= k, f"socket {i}: {k - first} messages delivered twice (before and after the restart)"
+        assert news[i] == list(range(first, total)), f"socket {i}: after, not {first}..{total - 1} in order"
+        lost += first - k
+    print(
+        f"receiver's service killed: old reader {len(old['got'])}, new {len(new['got'])}, lost {lost}; "
+        f"sends refused by congestion {sent['refused']}"
+    )
+    rds_observe("restart", "receiver: nothing twice, in order")
+
+
+def _kill_sender(nodes: Any, tmp: Path, rds_observe: Any) -> None:
+    na, nb = nodes.a, nodes.b
+    _warm, b = nodes.bound_pair()
+    dest = b.getsockname()
+    jb = _receive_job(nb, b, AFTER, 2, tmp / "rx")
+    tx = _senders(na)
+    ports = [s.getsockname()[1] for s in tx]
+    old_pid = _service_pid(na, tx[0])
+    ja = _send_job(na, tx, dest, COUNT, 1)
+    _wait_progress(tmp / "rx", KILL_AT, 300)
+    _kill(old_pid)
+    told = na.agent.wait(ja, 60)
+    assert told["error"] is not None, "the sender of the killed service saw no error"
+    tx2 = _senders(na, ports)
+    assert _service_pid(na, tx2[0]) != old_pid
+    ja2 = _send_job(na, tx2, dest, AFTER, 2)
+    got = nb.agent.wait(jb, 900)
+    sent2 = na.agent.wait(ja2, 300)
+    assert sent2["error"] is None, f"the new sender saw {sent2['error']}"
+    gen1, gen2 = _per_socket(got["got"], 1), _per_socket(got["got"], 2)
+    exact = got["error"] is None and all(gen2[i] == list(range(_expected(AFTER, i))) for i in range(NSOCK))
+    seen = f"survivor got {sum(map(len, gen2.values()))} of {AFTER} after the restart, error {got['error']}"
+    if not exact and nb.backend == "kernel" and RESTARTED_OWNER_RACE.present():
+        RESTARTED_OWNER_RACE.record(False, seen)
+    assert got["error"] is None, f"the survivor stopped: {got['error']} after {len(got['got'])} messages"
+    lost = 0
+    for i in range(NSOCK):
+        k = len(gen1[i])
+        assert gen1[i] == list(range(k)), f"socket {i}: before the kill, not 0..{k - 1} in order"
+        assert k <= told["sent"][i], f"socket {i}: more received than the sender was told were sent"
+        lost += told["sent"][i] - k
+        assert gen2[i] == list(range(_expected(AFTER, i))), f"socket {i}: after the restart, {gen2[i][:20]}"
+    print(f"sender's service killed: survivor got {sum(map(len, gen1.values()))} before, lost {lost}; {seen}")
+    rds_observe("restart", "sender: every later message once, in order")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed", ["receiver", "sender"])
+def test_service_killed_mid_transfer(rds_two_nodes, rds_observe, tmp_path, killed):
+    nodes = rds_two_nodes
+    victim = nodes.b if killed == "receiver" else nodes.a
+    if victim.backend != "userspace":
+        pytest.skip(f"node {victim.name} is a kernel node: no stack service to kill")
+    nodes.suspect = True  # the agents hold sockets of the killed service: fresh namespaces for the next test
+    (_kill_receiver if killed == "receiver" else _kill_sender)(nodes, tmp_path, rds_observe)
