@@ -306,15 +306,23 @@ def stack_service_pid(socks: Sequence[Any]) -> int:
 
 
 def restart_send(
-    socks: Sequence[Any], *, dest: Sequence[Any], count: int, gen: int, timeout: float = 300.0
+    socks: Sequence[Any],
+    *,
+    dest: Sequence[Any],
+    count: int,
+    gen: int,
+    start: Sequence[int] = (),
+    timeout: float = 300.0,
 ) -> dict[str, Any]:
     """Send ``count`` messages round-robin from ``socks`` to ``dest``; message j of socket i carries (``gen``,
-    i, j). Each socket has a timeout, so a congested destination refuses with ENOBUFS at once (rds_sendmsg
-    is non-blocking on a socket with a timeout, as the stdlib makes it): such a send is tried again 10 ms
-    later. Ends at the first other error or after ``timeout`` seconds in all: per socket the number of sends
-    that returned success, the errno (or "timeout") that ended it (None when all were sent), and how many
-    sends congestion refused."""
+    i, j), j counting on from ``start[i]`` (0 without it: a later batch of the same sockets goes on where
+    the last one stopped). Each socket has a timeout, so a congested destination refuses with ENOBUFS at
+    once (rds_sendmsg is non-blocking on a socket with a timeout, as the stdlib makes it): such a send is
+    tried again 10 ms later. Ends at the first other error or after ``timeout`` seconds in all: per socket
+    the number of sends that returned success, the errno (or "timeout") that ended it (None when all were
+    sent), and how many sends congestion refused."""
     target = tuple(dest)
+    first = list(start) if start else [0] * len(socks)
     sent = [0] * len(socks)
     error: int | str | None = None
     refused = 0
@@ -324,7 +332,7 @@ def restart_send(
     try:
         for j in range(count):
             i = j % len(socks)
-            msg = RESTART_MSG.pack(gen, i, sent[i]) + RESTART_PAD
+            msg = RESTART_MSG.pack(gen, i, first[i] + sent[i]) + RESTART_PAD
             while True:
                 try:
                     socks[i].sendto(msg, target)

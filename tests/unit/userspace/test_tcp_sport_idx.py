@@ -567,9 +567,8 @@ def test_path_1_accepted_before_path_0_was_read_waits_for_the_probe(peers: list[
 
 
 def _conn_on_page(mgr: TcpTransport) -> TcpConn:
-    """The transport's connection to SMALL made anew (on the page the test gave the transport)."""
-    mgr.conns.clear()
-    return mgr.conn(LARGE, SMALL)
+    """A new connection to SMALL on the page the test gave the transport (not the one the transport made)."""
+    return TcpConn(mgr.host, mgr.loop, LARGE, SMALL, stopped=lambda: mgr.closed, rx_page=mgr.rx_page)
 
 
 def test_a_restarted_acceptor_pairs_the_owners_redial_by_port_from_the_first_connection(
