@@ -256,7 +256,7 @@ class Stack:
             daddr = normalize(daddr)
         else:
             daddr, dport = rs.conn_addr or ipaddress.IPv4Address(0), rs.conn_port
-        if rs.bound_addr is None or daddr.is_unspecified:
+        if rs.bound_addr is None or (dest is None and daddr.is_unspecified):  # a dest: _valid_dest said not
             raise StackError(errno.ENOTCONN)
         if daddr.version != rs.bound_addr.version and (dest is not None or not self.is_local(daddr)):
             # "IPv4/IPv6 address mismatch": the kernel checks it for an explicit destination only. A connected
@@ -554,7 +554,10 @@ class Stack:
         if msg.zcookie is not None:
             return True
         rs = self.socks.get(msg.sock_id)
-        return rs is not None and max(rs.snd_bytes, rs.snd_empty) * 2 >= rs.rds_sndbuf
+        if rs is None:
+            return False
+        limit = rs.rds_sndbuf
+        return rs.snd_bytes * 2 >= limit or rs.snd_empty * 2 >= limit
 
     def cancel_sent_to(self, rs: SockState, daddr: IPAddress, dport: int) -> None:
         """``rds_send_drop_to``: every unacked message of ``rs`` to ``daddr``:``dport`` leaves the socket (its
@@ -608,8 +611,9 @@ class Stack:
             inc.pushable = False  # recvmsg adds RDS_CMSG_RDMA_DEST
             inc.read_ack = None
         self.counters["recv_queued"] += 1
-        self._rcvbuf_delta(rs, len(inc.payload))
-        rs.rcv_charge += len(inc.payload) + RECV_MSG_OVERHEAD
+        size = len(inc.payload)
+        self._rcvbuf_delta(rs, size)
+        rs.rcv_charge += size + RECV_MSG_OVERHEAD
         if rs.timestamp:
             inc.rx_tstamp_ns = time.time_ns()
         inc.lat = (inc.lat[0], inc.lat[1], time.monotonic_ns(), 0)
@@ -645,9 +649,10 @@ class Stack:
         (served by request once the pushed ones are read)."""
         sink = rs.push
         queue = rs.recv_queue
-        if sink is None or rs.pushed >= len(queue) or not rs.may_push():
+        queued = len(queue)  # pushing does not change the queue
+        if sink is None or rs.pushed >= queued or not rs.may_push():
             return
-        while rs.pushed < len(queue):
+        while rs.pushed < queued:
             inc = queue[rs.pushed]
             if not inc.pushable:
                 if inc.read_ack is None or not inc.read_ack.acked:
@@ -655,7 +660,7 @@ class Stack:
                 inc.pushable = True
             if len(inc.payload) > sink.max_payload:
                 return
-            tail = rs.pushed + 1 == len(queue) and not rs.hist_pollin()
+            tail = rs.pushed + 1 == queued and not rs.hist_pollin()
             if not sink.push(inc.saddr.packed, inc.sport, rs.scope_id, inc.payload, tail):
                 return
             rs.pushed += 1
@@ -696,9 +701,10 @@ class Stack:
 
     def _dequeue(self, rs: SockState) -> Incoming:
         inc = rs.recv_queue.popleft()
-        self._rcvbuf_delta(rs, -len(inc.payload))
+        size = len(inc.payload)
+        self._rcvbuf_delta(rs, -size)
         charge = rs.rcv_charge
-        rs.rcv_charge = charge - len(inc.payload) - RECV_MSG_OVERHEAD
+        rs.rcv_charge = charge - size - RECV_MSG_OVERHEAD
         if self.cong.sleepers and charge >= recv_cap(rs.rcvbuf) > rs.rcv_charge:
             self.cong.wake_sleepers()  # a local sender refused for this receiver's cap may send again
         if rs.rcv_waiters and rs.rcv_charge <= recv_cap(rs.rcvbuf) // 2:
@@ -748,7 +754,7 @@ class Stack:
             return
         rs.rcv_bytes += delta
         key = "recv_bytes_added_to_sock" if delta > 0 else "recv_bytes_freed_fromsock"
-        self.counters[key] += abs(delta)
+        self.counters[key] += delta if delta > 0 else -delta
         if rs.transport == Transport.LOOP or rs.bound_addr is None:
             return
         now = next_congested_state(rs.congested, rs.rcv_bytes, rs.rcvbuf)
