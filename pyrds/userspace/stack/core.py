@@ -41,7 +41,12 @@ TRIM_AFTER_BYTES = 1 << 20
 
 
 def _valid_dest(ip: IPAddress) -> bool:
-    """Not unspecified, multicast or the IPv4 broadcast address (remembered: checked for every send)."""
+    """Not unspecified, multicast or the IPv4 broadcast address (remembered: checked for every send; the
+    address object of the last call first, which costs no hashing)."""
+    global _last_dest
+    last = _last_dest
+    if last is not None and last[0] is ip:
+        return last[1]
     valid = _valid_dests.get(ip)
     if valid is None:
         n = normalize(ip)
@@ -49,10 +54,12 @@ def _valid_dest(ip: IPAddress) -> bool:
         if len(_valid_dests) >= LOCAL_CACHE_MAX:
             _valid_dests.clear()
         _valid_dests[ip] = valid
+    _last_dest = (ip, valid)
     return valid
 
 
 _valid_dests: dict[IPAddress, bool] = {}
+_last_dest: tuple[IPAddress, bool] | None = None
 
 
 class Stack:
@@ -67,22 +74,32 @@ class Stack:
         self.transports: list[StackTransport] = []
         self._next_id = 1
         self._local_cache: dict[IPAddress, tuple[bool, float]] = {}
+        #: the last :meth:`is_local`: its address object and the entry ``_local_cache`` holds for it (set by
+        #: every call, the only one that changes the cache: never another entry than the cache's)
+        self._local_last: tuple[IPAddress, tuple[bool, float]] | None = None
+        #: the source address of the last message pushed and its ``packed`` form (a function of the address)
+        self._src_packed: tuple[IPAddress | None, bytes] = (None, b"")
         #: receivers of local deliveries made while a request is served (:meth:`hold_pushes`)
         self._held: dict[int, SockState] | None = None
 
     # -- helpers
     def is_local(self, ip: IPAddress, scope_id: int = 0) -> bool:
-        ip = normalize(ip)
         now = time.monotonic()
-        hit = self._local_cache.get(ip)
+        last = self._local_last
+        if last is not None and last[0] is ip and last[1][1] > now:
+            return last[1][0]  # the cache's entry for the address object of the last call (no hashing)
+        key = normalize(ip)
+        hit = self._local_cache.get(key)
         if hit is not None and hit[1] > now:
+            self._local_last = (ip, hit)
             return hit[0]
-        val = is_loopback(ip) or is_local(ip, scope_id)
+        val = is_loopback(key) or is_local(key, scope_id)
         if len(self._local_cache) >= LOCAL_CACHE_MAX:  # keyed by destinations clients name: keep it bounded
             self._local_cache = {k: v for k, v in self._local_cache.items() if v[1] > now}
             if len(self._local_cache) >= LOCAL_CACHE_MAX:
                 self._local_cache.clear()
-        self._local_cache[ip] = (val, now + 1.0)
+        entry = self._local_cache[key] = (val, now + 1.0)
+        self._local_last = (ip, entry)
         return val
 
     def wake(self, rs: SockState) -> None:
@@ -661,7 +678,10 @@ class Stack:
             if len(inc.payload) > sink.max_payload:
                 return
             tail = rs.pushed + 1 == queued and not rs.hist_pollin()
-            if not sink.push(inc.saddr.packed, inc.sport, rs.scope_id, inc.payload, tail):
+            src = self._src_packed
+            if src[0] is not inc.saddr:  # a connection's messages share one address object
+                src = self._src_packed = (inc.saddr, inc.saddr.packed)
+            if not sink.push(src[1], inc.sport, rs.scope_id, inc.payload, tail):
                 return
             rs.pushed += 1
             self.counters["recv_pushed"] += 1
