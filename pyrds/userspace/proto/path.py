@@ -231,11 +231,12 @@ class PathEngine:
         self, sport: int, dport: int, payload: bytes, flags: int, exthdr: tuple[ExtHeader, ...]
     ) -> int:
         seq = self._next_tx_seq
-        header = RDSHeader(seq, 0, len(payload), sport, dport, flags, 0, 0, exthdr)
+        size = len(payload)
+        header = RDSHeader(seq, 0, size, sport, dport, flags, 0, 0, exthdr)
         wire = header.encode()  # validate ranges now, not at drain time; kept for the write
         self._next_tx_seq += 1
         self._send_queue.append(_Out(header, payload, 0, wire))
-        self._queued_bytes += len(payload)
+        self._queued_bytes += size
         if sport == 0:
             self._pongs += 1
         return seq
@@ -296,18 +297,21 @@ class PathEngine:
             self._tx_bytes += size
             return [bytes(small)] if small else []
         queue = self._send_queue
-        while queue and (max_bytes is None or not size or size < max_bytes) and len(out) < max_buffers - 2:
+        buffers = 0  # len(out)
+        while queue and (max_bytes is None or not size or size < max_bytes) and buffers < max_buffers - 2:
             msg = queue.popleft()
             hdr = msg.wire or msg.header.encode()
             small += hdr
             payload = msg.payload
-            if len(payload) >= OWN_BUFFER:
+            plen = len(payload)
+            if plen >= OWN_BUFFER:
                 out.append(bytes(small))
                 out.append(payload)
+                buffers += 2
                 small = bytearray()
             else:
                 small += payload
-            size += len(hdr) + len(payload)
+            size += len(hdr) + plen
             msg.end = self._tx_bytes + size
             self._written.append(msg)
         if small:

@@ -14,6 +14,7 @@ uid is not its own. Each connection keeps its peer's credentials for the privile
 from __future__ import annotations
 
 import errno
+import functools
 import ipaddress
 import logging
 import os
@@ -208,7 +209,7 @@ class Service:
         sock.setblocking(False)
         ctl = _Control(sock, peer)
         self._controls[sock.fileno()] = ctl
-        self.loop.register(sock, selectors.EVENT_READ, lambda _m: self._on_control(ctl))
+        self.loop.register(sock, selectors.EVENT_READ, functools.partial(self._on_control, ctl))
 
     def _shed(self, listener: socket.socket, code: int) -> None:
         """accept() failed with EMFILE/ENFILE/ENOMEM/ENOBUFS: take the connection with the spare descriptor
@@ -243,7 +244,7 @@ class Service:
             ctl.rs = None
         ctl.sock.close()
 
-    def _on_control(self, ctl: _Control) -> None:
+    def _on_control(self, ctl: _Control, _mask: int = 0) -> None:
         posts = Outbox()  # POST notices read in a row: their messages written together
         try:
             self._read_control(ctl, posts)
@@ -267,11 +268,12 @@ class Service:
                 record = ctl.asm.feed(buf[:n])
                 if record is None:
                     continue
-                if len(record) and record[0] == rpc.TAG_POST:
+                tag = record[0] if len(record) else -1
+                if tag == rpc.TAG_POST:
                     self._posted(ctl, record, posts)  # a notice too
                     continue
                 posts.flush(self.stack.transmit_failed)  # before what follows them (a send's own message)
-                if len(record) and record[0] == rpc.TAG_CONSUMED:
+                if tag == rpc.TAG_CONSUMED:
                     self._consumed(ctl, record)  # a notice: a request may follow it at once
                     if record[-1]:
                         return  # answered: the client waits, nothing follows

@@ -41,7 +41,12 @@ TRIM_AFTER_BYTES = 1 << 20
 
 
 def _valid_dest(ip: IPAddress) -> bool:
-    """Not unspecified, multicast or the IPv4 broadcast address (remembered: checked for every send)."""
+    """Not unspecified, multicast or the IPv4 broadcast address (remembered: checked for every send; the
+    address object of the last call first, which costs no hashing)."""
+    global _last_dest
+    last = _last_dest
+    if last is not None and last[0] is ip:
+        return last[1]
     valid = _valid_dests.get(ip)
     if valid is None:
         n = normalize(ip)
@@ -49,10 +54,12 @@ def _valid_dest(ip: IPAddress) -> bool:
         if len(_valid_dests) >= LOCAL_CACHE_MAX:
             _valid_dests.clear()
         _valid_dests[ip] = valid
+    _last_dest = (ip, valid)
     return valid
 
 
 _valid_dests: dict[IPAddress, bool] = {}
+_last_dest: tuple[IPAddress, bool] | None = None
 
 
 class Stack:
@@ -67,22 +74,32 @@ class Stack:
         self.transports: list[StackTransport] = []
         self._next_id = 1
         self._local_cache: dict[IPAddress, tuple[bool, float]] = {}
+        #: the last :meth:`is_local`: its address object and the entry ``_local_cache`` holds for it (set by
+        #: every call, the only one that changes the cache: never another entry than the cache's)
+        self._local_last: tuple[IPAddress, tuple[bool, float]] | None = None
+        #: the source address of the last message pushed and its ``packed`` form (a function of the address)
+        self._src_packed: tuple[IPAddress | None, bytes] = (None, b"")
         #: receivers of local deliveries made while a request is served (:meth:`hold_pushes`)
         self._held: dict[int, SockState] | None = None
 
     # -- helpers
     def is_local(self, ip: IPAddress, scope_id: int = 0) -> bool:
-        ip = normalize(ip)
         now = time.monotonic()
-        hit = self._local_cache.get(ip)
+        last = self._local_last
+        if last is not None and last[0] is ip and last[1][1] > now:
+            return last[1][0]  # the cache's entry for the address object of the last call (no hashing)
+        key = normalize(ip)
+        hit = self._local_cache.get(key)
         if hit is not None and hit[1] > now:
+            self._local_last = (ip, hit)
             return hit[0]
-        val = is_loopback(ip) or is_local(ip, scope_id)
+        val = is_loopback(key) or is_local(key, scope_id)
         if len(self._local_cache) >= LOCAL_CACHE_MAX:  # keyed by destinations clients name: keep it bounded
             self._local_cache = {k: v for k, v in self._local_cache.items() if v[1] > now}
             if len(self._local_cache) >= LOCAL_CACHE_MAX:
                 self._local_cache.clear()
-        self._local_cache[ip] = (val, now + 1.0)
+        entry = self._local_cache[key] = (val, now + 1.0)
+        self._local_last = (ip, entry)
         return val
 
     def wake(self, rs: SockState) -> None:
@@ -256,7 +273,7 @@ class Stack:
             daddr = normalize(daddr)
         else:
             daddr, dport = rs.conn_addr or ipaddress.IPv4Address(0), rs.conn_port
-        if rs.bound_addr is None or daddr.is_unspecified:
+        if rs.bound_addr is None or (dest is None and daddr.is_unspecified):  # a dest: _valid_dest said not
             raise StackError(errno.ENOTCONN)
         if daddr.version != rs.bound_addr.version and (dest is not None or not self.is_local(daddr)):
             # "IPv4/IPv6 address mismatch": the kernel checks it for an explicit destination only. A connected
@@ -554,7 +571,10 @@ class Stack:
         if msg.zcookie is not None:
             return True
         rs = self.socks.get(msg.sock_id)
-        return rs is not None and max(rs.snd_bytes, rs.snd_empty) * 2 >= rs.rds_sndbuf
+        if rs is None:
+            return False
+        limit = rs.rds_sndbuf
+        return rs.snd_bytes * 2 >= limit or rs.snd_empty * 2 >= limit
 
     def cancel_sent_to(self, rs: SockState, daddr: IPAddress, dport: int) -> None:
         """``rds_send_drop_to``: every unacked message of ``rs`` to ``daddr``:``dport`` leaves the socket (its
@@ -608,8 +628,9 @@ class Stack:
             inc.pushable = False  # recvmsg adds RDS_CMSG_RDMA_DEST
             inc.read_ack = None
         self.counters["recv_queued"] += 1
-        self._rcvbuf_delta(rs, len(inc.payload))
-        rs.rcv_charge += len(inc.payload) + RECV_MSG_OVERHEAD
+        size = len(inc.payload)
+        self._rcvbuf_delta(rs, size)
+        rs.rcv_charge += size + RECV_MSG_OVERHEAD
         if rs.timestamp:
             inc.rx_tstamp_ns = time.time_ns()
         inc.lat = (inc.lat[0], inc.lat[1], time.monotonic_ns(), 0)
@@ -645,9 +666,10 @@ class Stack:
         (served by request once the pushed ones are read)."""
         sink = rs.push
         queue = rs.recv_queue
-        if sink is None or rs.pushed >= len(queue) or not rs.may_push():
+        queued = len(queue)  # pushing does not change the queue
+        if sink is None or rs.pushed >= queued or not rs.may_push():
             return
-        while rs.pushed < len(queue):
+        while rs.pushed < queued:
             inc = queue[rs.pushed]
             if not inc.pushable:
                 if inc.read_ack is None or not inc.read_ack.acked:
@@ -655,8 +677,11 @@ class Stack:
                 inc.pushable = True
             if len(inc.payload) > sink.max_payload:
                 return
-            tail = rs.pushed + 1 == len(queue) and not rs.hist_pollin()
-            if not sink.push(inc.saddr.packed, inc.sport, rs.scope_id, inc.payload, tail):
+            tail = rs.pushed + 1 == queued and not rs.hist_pollin()
+            src = self._src_packed
+            if src[0] is not inc.saddr:  # a connection's messages share one address object
+                src = self._src_packed = (inc.saddr, inc.saddr.packed)
+            if not sink.push(src[1], inc.sport, rs.scope_id, inc.payload, tail):
                 return
             rs.pushed += 1
             self.counters["recv_pushed"] += 1
@@ -696,9 +721,10 @@ class Stack:
 
     def _dequeue(self, rs: SockState) -> Incoming:
         inc = rs.recv_queue.popleft()
-        self._rcvbuf_delta(rs, -len(inc.payload))
+        size = len(inc.payload)
+        self._rcvbuf_delta(rs, -size)
         charge = rs.rcv_charge
-        rs.rcv_charge = charge - len(inc.payload) - RECV_MSG_OVERHEAD
+        rs.rcv_charge = charge - size - RECV_MSG_OVERHEAD
         if self.cong.sleepers and charge >= recv_cap(rs.rcvbuf) > rs.rcv_charge:
             self.cong.wake_sleepers()  # a local sender refused for this receiver's cap may send again
         if rs.rcv_waiters and rs.rcv_charge <= recv_cap(rs.rcvbuf) // 2:
@@ -748,7 +774,7 @@ class Stack:
             return
         rs.rcv_bytes += delta
         key = "recv_bytes_added_to_sock" if delta > 0 else "recv_bytes_freed_fromsock"
-        self.counters[key] += abs(delta)
+        self.counters[key] += delta if delta > 0 else -delta
         if rs.transport == Transport.LOOP or rs.bound_addr is None:
             return
         now = next_congested_state(rs.congested, rs.rcv_bytes, rs.rcvbuf)

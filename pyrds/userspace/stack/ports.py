@@ -50,9 +50,17 @@ class PortSpace:
     def __init__(self, rng: random.Random | None = None) -> None:
         self._bound: dict[Key, int] = {}
         self._rng = rng or random.Random()
+        #: the last :meth:`lookup`: its address object, port and answer (forgotten by every change of
+        #: ``_bound``; a transport delivers to one address object per connection: no hashing then)
+        self._last: tuple[IPAddress, int, int | None] | None = None
 
     def lookup(self, ip: IPAddress, port: int) -> int | None:
-        return self._bound.get((normalize(ip), port))
+        last = self._last
+        if last is not None and last[0] is ip and last[1] == port:
+            return last[2]
+        found = self._bound.get((normalize(ip), port))
+        self._last = (ip, port, found)
+        return found
 
     def add(self, ip: IPAddress, port: int, sock_id: int) -> int:
         """rds_add_bound: bind ``port`` (0 = pick one >= 2 from a random start); port or -errno."""
@@ -63,6 +71,7 @@ class PortSpace:
             if (ip, port) in self._bound:
                 return -errno.EADDRINUSE
             self._bound[(ip, port)] = sock_id
+            self._last = None
             return port
         rover = max(self._rng.randrange(0, 1 << 16), 2)
         for _ in range(1 << 16):
@@ -70,6 +79,7 @@ class PortSpace:
                 rover = 2
             if rover >= 2 and (ip, rover) not in self._bound:
                 self._bound[(ip, rover)] = sock_id
+                self._last = None
                 return rover
             rover += 1
         return -errno.EADDRINUSE
@@ -78,6 +88,7 @@ class PortSpace:
         key = (normalize(ip), port)
         if self._bound.get(key) == sock_id:
             del self._bound[key]
+            self._last = None
 
     def __len__(self) -> int:
         return len(self._bound)

@@ -279,10 +279,14 @@ class SockState:
         r = self.readiness
         if r is None:
             return
-        # called several times per message: the fd is only touched when a state changes
-        readable = self.has_input() or self.hist_pollin()
+        # called several times per message: the fd is only touched when a state changes. The tests are
+        # inline (no method calls): has_input() or hist_pollin(), then not send_full()
+        readable = bool(self.recv_queue or self.cong_notify or self.zcookies or self.rdma_notify) or (
+            not self.cong_monitor and self.seen_congestion and self.cong_updated_since()
+        )
         if readable != r.readable:
             r.set_readable(readable)
-        writable = not self.send_full()  # rds_poll: POLLOUT while rs_snd_bytes < rds_sk_sndbuf(rs)
+        limit = self.sndbuf // 2  # rds_sndbuf; rds_poll: POLLOUT while rs_snd_bytes < rds_sk_sndbuf(rs)
+        writable = self.snd_bytes < limit and self.snd_empty < limit
         if writable != r.writable:
             r.set_writable(writable)

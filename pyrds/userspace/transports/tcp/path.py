@@ -166,7 +166,9 @@ class TcpPath:
         self.holds = 0
         self._full: list[tuple[IPAddress, int]] = []  # over-cap receivers seen while feeding
         self._registered = False  # the current socket is in the event loop
-        self._mask = -1  # the events :meth:`_interest` last registered it for (-1: not by it)
+        #: the events :meth:`_interest` last registered it for (-1: not by it). R or 0 is what the socket is
+        #: registered for, given :attr:`holds` (every change of either calls :meth:`_interest` again)
+        self._mask = -1
 
     def kept_pairing(self) -> tuple[int, bool]:
         """What the page kept of the peer's last probe or pong (path 0: see rxseq.py): (NPATHS, SPORT_IDX)."""
@@ -485,7 +487,7 @@ class TcpPath:
                     return
                 self.wire_bytes += n
                 _sent(out, n)
-            if not self.outbuf:
+            if not self.outbuf and self._mask & W:  # else _interest(False) would change nothing (``_mask``)
                 self._interest(False)
         self.check_acks()
 
@@ -520,7 +522,8 @@ class TcpPath:
         outq = unacked_bytes(s)
         if outq is None:
             return
-        for acked in self.engine.acked_through(max(0, self.wire_bytes - outq)):
+        through = self.wire_bytes - outq
+        for acked in self.engine.acked_through(through if through > 0 else 0):
             msg = self.pending.pop(acked.seq, None)
             if msg is not None:
                 self.host.acked(msg)
@@ -586,8 +589,10 @@ class TcpPath:
             acked = True  # each message's sequence is stored before it can reach a reader (_event)
         self._note_read(acked)
         if self._feed(data):
-            self._after_read()
-            self._hold_for_full()
+            if self._acks_learnt:
+                self._after_read()
+            if self._full:
+                self._hold_for_full()
             if not self.confirmed:
                 self.confirm()
             self.flush()  # pongs, and acks may have advanced
@@ -755,13 +760,15 @@ class TcpPath:
 def _sent(out: list[bytes | memoryview], n: int) -> None:
     """TCP took the first ``n`` bytes of ``out``: drop what went, keep a view of a buffer's unsent rest (no
     copy of it, as slicing bytes would make)."""
-    i = 0
-    while i < len(out) and n >= len(out[i]):
-        n -= len(out[i])
-        i += 1
-    del out[:i]
-    if n:
-        out[0] = memoryview(out[0])[n:]
+    for i, buf in enumerate(out):
+        size = len(buf)
+        if n < size:
+            del out[:i]
+            if n:
+                out[0] = memoryview(buf)[n:]
+            return
+        n -= size
+    del out[:]
 
 
 def _acked_read(s: socket.socket, data: bytes, advmss: int = 0) -> tuple[bytes, bool]:

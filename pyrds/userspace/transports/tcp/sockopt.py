@@ -57,7 +57,7 @@ def ack_now(s: socket.socket) -> None:
 def unacked_bytes(s: socket.socket) -> int | None:
     """SIOCOUTQ: bytes written to ``s`` that the peer's TCP has not acked (a FIN counts); None on error."""
     try:
-        outq: int = _OUTQ.unpack(fcntl.ioctl(s.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        outq: int = _OUTQ.unpack(fcntl.ioctl(s, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
     except OSError:
         return None
     return outq

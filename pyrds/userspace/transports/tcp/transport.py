@@ -50,6 +50,8 @@ class TcpTransport:
         self.host = host
         self.loop = loop
         self.conns: dict[tuple[IPAddress, IPAddress], TcpConn] = {}
+        #: the last :meth:`conn`: its arguments and result (``conns`` only grows: it never goes stale)
+        self._last_conn: tuple[IPAddress, IPAddress, TcpConn] | None = None
         self.listener: socket.socket | None = None
         self.closed = False
         self._spare: SpareFd | None = None
@@ -83,12 +85,16 @@ class TcpTransport:
         return self.host.is_local(ip)
 
     def conn(self, laddr: IPAddress, faddr: IPAddress) -> TcpConn:
+        last = self._last_conn
+        if last is not None and last[0] is laddr and last[1] is faddr:
+            return last[2]  # the same address objects as the last call (every send of a socket to one peer)
         key = (normalize(laddr), normalize(faddr))
         c = self.conns.get(key)
         if c is None:
             c = self.conns[key] = TcpConn(
                 self.host, self.loop, *key, stopped=lambda: self.closed, rx_page=self.rx_page
             )
+        self._last_conn = (laddr, faddr, c)
         return c
 
     def _accept(self, _mask: int) -> None:
