@@ -28,11 +28,7 @@ each run (the agents still hold sockets of the dead service).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +38,7 @@ from pyrds import netns
 from pyrds.constants import InfoType
 from pyrds.info import counters_dict
 from pyrds.testing.kernelinfo import KernelRace
+from pyrds.testing.restart import expected_per_socket, kill_and_wait, per_socket, wait_progress
 from pyrds.testing.topology import RDS_TCP_PORT, Node
 
 NSOCK = 8
@@ -68,43 +65,6 @@ RESTARTED_OWNER_RACE = KernelRace(
     "restarted-owner",
     "a pre-7.0 acceptor can discard a restarted owner's first connection after acking its data",
 )
-
-
-def _per_socket(got: list[Any], gen: int) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {i: [] for i in range(NSOCK)}
-    for g, s, j in got:
-        if g == gen:
-            out[s].append(j)
-    return out
-
-
-def _expected(count: int, i: int) -> int:
-    return count // NSOCK + (1 if i < count % NSOCK else 0)
-
-
-def _wait_progress(path: Path, at_least: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            if int(path.read_text()) >= at_least:
-                return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the receiver did not reach {at_least} messages in {timeout:g} s")
-        time.sleep(0.05)
-
-
-def _kill(pid: int) -> None:
-    """SIGKILL, then wait (at most 10 s) until the process is gone or a zombie."""
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            return
-        if state == "Z":
-            return
-        time.sleep(0.02)
 
 
 def _gate(node: Node, closed: bool) -> None:
@@ -174,11 +134,11 @@ def _kill_receiver(nodes: Any, tmp: Path, rds_observe: Any) -> None:
     jb = _receive_job(nb, b, COUNT, 1, tmp / "rx1")
     tx = _senders(na)
     ja = _send_job(na, tx, dest, COUNT, 1)
-    _wait_progress(tmp / "rx1", KILL_AT, 300)
+    wait_progress(tmp / "rx1", KILL_AT, 300)
     # B "reboots" behind a closed port so that its new socket is bound before A's retransmissions arrive (a
     # message for a port nobody has bound is dropped, recv_drop_no_sock, as by a kernel)
     _gate(nb, closed=True)
-    _kill(old_pid)
+    kill_and_wait(old_pid)
     old = nb.agent.wait(jb, 60)
     assert old["error"] not in (None, "idle"), f"the reader of the killed service saw {old['error']}"
     b2 = nb.socket()
@@ -201,9 +161,9 @@ def _kill_receiver(nodes: Any, tmp: Path, rds_observe: Any) -> None:
     assert sent["error"] is None, f"the surviving {na.backend} sender saw {sent['error']}"
     assert sent2["error"] is None, f"the surviving {na.backend} sender saw {sent2['error']} after the restart"
     totals = [a + b for a, b in zip(sent["sent"], sent2["sent"], strict=True)]
-    assert totals == [_expected(COUNT + AFTER, i) for i in range(NSOCK)]
+    assert totals == [expected_per_socket(COUNT + AFTER, NSOCK, i) for i in range(NSOCK)]
     assert new["error"] is None, f"the new reader stopped: {new['error']} after {len(new['got'])} messages"
-    olds, news = _per_socket(old["got"], 1), _per_socket(new["got"], 1)
+    olds, news = per_socket(old["got"], 1, NSOCK), per_socket(new["got"], 1, NSOCK)
     lost = 0
     for i in range(NSOCK):
         k = len(olds[i])
@@ -229,8 +189,8 @@ def _kill_sender(nodes: Any, tmp: Path, rds_observe: Any) -> None:
     ports = [s.getsockname()[1] for s in tx]
     old_pid = _service_pid(na, tx[0])
     ja = _send_job(na, tx, dest, COUNT, 1)
-    _wait_progress(tmp / "rx", KILL_AT, 300)
-    _kill(old_pid)
+    wait_progress(tmp / "rx", KILL_AT, 300)
+    kill_and_wait(old_pid)
     told = na.agent.wait(ja, 60)
     assert told["error"] is not None, "the sender of the killed service saw no error"
     tx2 = _senders(na, ports)
@@ -239,8 +199,9 @@ def _kill_sender(nodes: Any, tmp: Path, rds_observe: Any) -> None:
     got = nb.agent.wait(jb, 900)
     sent2 = na.agent.wait(ja2, 300)
     assert sent2["error"] is None, f"the new sender saw {sent2['error']}"
-    gen1, gen2 = _per_socket(got["got"], 1), _per_socket(got["got"], 2)
-    exact = got["error"] is None and all(gen2[i] == list(range(_expected(AFTER, i))) for i in range(NSOCK))
+    gen1, gen2 = per_socket(got["got"], 1, NSOCK), per_socket(got["got"], 2, NSOCK)
+    want = {i: list(range(expected_per_socket(AFTER, NSOCK, i))) for i in range(NSOCK)}
+    exact = got["error"] is None and all(gen2[i] == want[i] for i in range(NSOCK))
     seen = f"survivor got {sum(map(len, gen2.values()))} of {AFTER} after the restart, error {got['error']}"
     if nb.backend == "kernel" and RESTARTED_OWNER_RACE.present():
         RESTARTED_OWNER_RACE.record(exact, seen)  # one fixed outcome on such a kernel, exact or not
@@ -251,7 +212,7 @@ def _kill_sender(nodes: Any, tmp: Path, rds_observe: Any) -> None:
         assert gen1[i] == list(range(k)), f"socket {i}: before the kill, not 0..{k - 1} in order"
         assert k <= told["sent"][i], f"socket {i}: more received than the sender was told were sent"
         lost += told["sent"][i] - k
-        assert gen2[i] == list(range(_expected(AFTER, i))), f"socket {i}: after the restart, {gen2[i][:20]}"
+        assert gen2[i] == want[i], f"socket {i}: after the restart, {gen2[i][:20]}"
     print(f"sender's service killed: survivor got {sum(map(len, gen1.values()))} before, lost {lost}; {seen}")
     rds_observe("restart", "sender: every later message once, in order")
 

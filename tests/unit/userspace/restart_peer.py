@@ -18,15 +18,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import struct
 import sys
 import time
 from typing import Any
 
 import pyrds
-
-FMT = "!III"
-PAD = 52  # 64-byte messages
+from pyrds.testing.workloads import RESTART_MSG, RESTART_PAD, restart_recv
 
 
 def service_pid(sock: Any) -> int:
@@ -55,7 +52,7 @@ def send(src: str, baseport: int, nsock: int, dst: str, dport: int, count: int, 
     try:
         for j in range(count):
             i = j % nsock
-            socks[i].sendto(struct.pack(FMT, gen, i, report["sent"][i]) + b"x" * PAD, (dst, dport))
+            socks[i].sendto(RESTART_MSG.pack(gen, i, report["sent"][i]) + RESTART_PAD, (dst, dport))
             report["sent"][i] += 1
     except OSError as exc:
         report["error"] = exc.errno if exc.errno is not None else str(exc)
@@ -69,29 +66,12 @@ def send(src: str, baseport: int, nsock: int, dst: str, dport: int, count: int, 
 
 
 def recv(addr: str, port: int, nsock: int, count: int, gen: int, idle: float, out: str) -> None:
-    last = {i: count // nsock + (1 if i < count % nsock else 0) - 1 for i in range(nsock)}
     s = pyrds.socket("userspace")
     s.bind((addr, port))
-    s.settimeout(idle)
-    got: list[tuple[int, int, int]] = []
-    report: dict[str, Any] = {"pid": service_pid(s), "got": got, "error": None}
-    write_json(out + ".pid", report["pid"])
-    try:
-        while last:
-            try:
-                data = s.recv(4096)
-            except TimeoutError:
-                report["error"] = "idle"
-                break
-            g, i, j = struct.unpack_from(FMT, data)
-            got.append((g, i, j))
-            if g == gen and last.get(i) == j:
-                del last[i]
-            if len(got) % 500 == 0:
-                with open(out + ".progress", "w") as f:
-                    f.write(str(len(got)))
-    except OSError as exc:
-        report["error"] = exc.errno if exc.errno is not None else str(exc)
+    pid = service_pid(s)
+    write_json(out + ".pid", pid)
+    report: dict[str, Any] = {"pid": pid}
+    report.update(restart_recv([s], nsock=nsock, count=count, gen=gen, idle=idle, progress=out + ".progress"))
     report["end"] = time.time()
     if report["error"] in (None, "idle"):
         from pyrds.constants import InfoType

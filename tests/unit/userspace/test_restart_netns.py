@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from pyrds.testing.restart import expected_per_socket, kill_and_wait, per_socket, wait_progress
 from tests.unit.userspace.fakes import veth_namespaces
 
 pytestmark = pytest.mark.netns
@@ -89,17 +90,6 @@ def _wait_file(path: Path, timeout: float, proc: subprocess.Popen[bytes] | None 
     return json.loads(path.read_text())
 
 
-def _wait_progress(path: Path, at_least: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            if int(path.read_text()) >= at_least:
-                return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the receiver did not reach {at_least} messages in {timeout} s")
-        time.sleep(0.05)
-
-
 GATE = """table inet pyrds_restart {
  chain in {
   type filter hook input priority 0; policy accept;
@@ -121,21 +111,6 @@ def _gate(ns: str, tmp: Path, closed: bool) -> None:
         netns.run_cmd_in_netns(ns, ["nft", "delete", "table", "inet", "pyrds_restart"])
 
 
-def _kill_and_wait(pid: int) -> None:
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-def _per_socket(got: list[list[int]], gen: int) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {i: [] for i in range(NSOCK)}
-    for g, s, j in got:
-        if g == gen:
-            out[s].append(j)
-    return out
-
-
 def _paths_up(ns: str) -> int:
     from pyrds import netns
 
@@ -152,20 +127,16 @@ def _wait_paths(ns: str, want: int, timeout: float = 20.0) -> int:
     return n
 
 
-def _expected_per_socket(count: int, i: int) -> int:
-    return count // NSOCK + (1 if i < count % NSOCK else 0)
-
-
 def kill_receiver_side(ns_a: str, ns_b: str, tmp: Path) -> dict[str, int]:
     rx1 = _spawn(ns_b, tmp, "B", "recv", B, DPORT, NSOCK, COUNT, 1, 120, tmp / "rx1.json")
     b_pid = _wait_file(tmp / "rx1.json.pid", 60, rx1)
     tx = _spawn(ns_a, tmp, "A", "send", A, SPORT, NSOCK, B, DPORT, COUNT, 1, tmp / "tx.json")
-    _wait_progress(tmp / "rx1.json.progress", KILL_AT, 60)
+    wait_progress(tmp / "rx1.json.progress", KILL_AT, 60)
     # B "reboots" behind a closed port, so its new receiver is bound before A's retransmissions arrive (a
     # message for a port nobody has bound yet is dropped, recv_drop_no_sock, as by a kernel). Without the gate
     # 5 rounds passed too (A's re-dial backoff let the reader bind first), but nothing guarantees that order.
     _gate(ns_b, tmp, closed=True)
-    _kill_and_wait(b_pid)
+    kill_and_wait(b_pid)
     old = _wait_file(tmp / "rx1.json", 30, rx1)
     assert old["error"] is not None and old["error"] != "idle", old["error"]
     rx2 = _spawn(ns_b, tmp, "B", "recv", B, DPORT, NSOCK, COUNT, 1, 30, tmp / "rx2.json")
@@ -176,10 +147,10 @@ def kill_receiver_side(ns_a: str, ns_b: str, tmp: Path) -> dict[str, int]:
     (tmp / "tx.json.close").touch()
     assert new["pid"] != b_pid
     assert sent["error"] is None, f"the surviving sender saw {sent['error']}"
-    assert sent["sent"] == [_expected_per_socket(COUNT, i) for i in range(NSOCK)]
+    assert sent["sent"] == [expected_per_socket(COUNT, NSOCK, i) for i in range(NSOCK)]
     assert new["error"] is None, f"the new receiver stopped: {new['error']} after {len(new['got'])} messages"
     assert new["counters"]["recv_drop_no_sock"] == 0
-    olds, news = _per_socket(old["got"], 1), _per_socket(new["got"], 1)
+    olds, news = per_socket(old["got"], 1, NSOCK), per_socket(new["got"], 1, NSOCK)
     lost = 0
     for i in range(NSOCK):
         k = len(olds[i])
@@ -213,8 +184,8 @@ def kill_sender_side(ns_a: str, ns_b: str, tmp: Path) -> dict[str, int]:
     _wait_file(tmp / "rx.json.pid", 60, rx)
     tx1 = _spawn(ns_a, tmp, "A", "send", A, SPORT, NSOCK, B, DPORT, COUNT, 1, tmp / "tx1.json")
     a_pid = _wait_file(tmp / "tx1.json.pid", 60, tx1)
-    _wait_progress(tmp / "rx.json.progress", KILL_AT, 60)
-    _kill_and_wait(a_pid)
+    wait_progress(tmp / "rx.json.progress", KILL_AT, 60)
+    kill_and_wait(a_pid)
     told = _wait_file(tmp / "tx1.json", 30, tx1)
     (tmp / "tx1.json.close").touch()
     assert told["error"] is not None, "the sender of the killed service saw no error"
@@ -225,14 +196,14 @@ def kill_sender_side(ns_a: str, ns_b: str, tmp: Path) -> dict[str, int]:
     assert sent2["pid"] != a_pid
     assert sent2["error"] is None, f"the new sender saw {sent2['error']}"
     assert got["error"] is None, f"the survivor stopped: {got['error']} after {len(got['got'])} messages"
-    gen1, gen2 = _per_socket(got["got"], 1), _per_socket(got["got"], 2)
+    gen1, gen2 = per_socket(got["got"], 1, NSOCK), per_socket(got["got"], 2, NSOCK)
     lost = 0
     for i in range(NSOCK):
         k = len(gen1[i])
         assert gen1[i] == list(range(k)), f"socket {i}: before the kill, not 0..{k - 1} in order"
         assert k <= told["sent"][i], f"socket {i}: more received than the sender was told were sent"
         lost += told["sent"][i] - k
-        assert gen2[i] == list(range(_expected_per_socket(AFTER, i))), f"socket {i}: after the restart"
+        assert gen2[i] == list(range(expected_per_socket(AFTER, NSOCK, i))), f"socket {i}: after the restart"
     paths = _wait_paths(ns_a, 8)
     assert paths == 8, f"{paths} RDS/TCP paths after the restart"
     for p in (rx, tx1, tx2):
@@ -288,13 +259,13 @@ def test_loop_service_killed_mid_transfer(tmp_path: Path) -> None:
     rx = spawn("recv", lo, DPORT, NSOCK, COUNT, 1, 60, tmp_path / "rx.json")
     pid = _wait_file(tmp_path / "rx.json.pid", 60, rx)
     tx = spawn("send", lo, SPORT, NSOCK, lo, DPORT, COUNT, 1, tmp_path / "tx.json")
-    _wait_progress(tmp_path / "rx.json.progress", KILL_AT, 60)
-    _kill_and_wait(pid)
+    wait_progress(tmp_path / "rx.json.progress", KILL_AT, 60)
+    kill_and_wait(pid)
     got = _wait_file(tmp_path / "rx.json", 30, rx)
     told = _wait_file(tmp_path / "tx.json", 30, tx)
     (tmp_path / "tx.json.close").touch()
     assert got["error"] not in (None, "idle"), "the reader of the killed service saw no error"
-    per = _per_socket(got["got"], 1)
+    per = per_socket(got["got"], 1, NSOCK)
     lost = 0
     for i in range(NSOCK):
         k = len(per[i])
@@ -311,7 +282,7 @@ def test_loop_service_killed_mid_transfer(tmp_path: Path) -> None:
     after = _wait_file(tmp_path / "rx2.json", 60, rx2)
     (tmp_path / "tx2.json.close").touch()
     assert after["pid"] != pid and after["error"] is None
-    per2 = _per_socket(after["got"], 2)
-    assert all(per2[i] == list(range(_expected_per_socket(AFTER, i))) for i in range(NSOCK))
+    per2 = per_socket(after["got"], 2, NSOCK)
+    assert all(per2[i] == list(range(expected_per_socket(AFTER, NSOCK, i))) for i in range(NSOCK))
     for p in (rx, tx, rx2, tx2):
         p.wait(10)

@@ -1,0 +1,55 @@
+"""What the restart scenarios share (a stack service killed mid-transfer: tests/conformance/test_restart.py in
+the guests, tests/unit/userspace/test_restart_netns.py on the host): counting messages per sending socket,
+waiting for a receiver's progress file, and killing a service. The traffic itself is
+:func:`pyrds.testing.workloads.restart_send` / :func:`~pyrds.testing.workloads.restart_recv`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+
+def per_socket(got: Iterable[Sequence[int]], gen: int, nsock: int) -> dict[int, list[int]]:
+    """The message numbers of generation ``gen`` that each of ``nsock`` sending sockets delivered, in
+    arrival order (``got``: (generation, socket, number) per message)."""
+    out: dict[int, list[int]] = {i: [] for i in range(nsock)}
+    for g, s, j in got:
+        if g == gen:
+            out[s].append(j)
+    return out
+
+
+def expected_per_socket(count: int, nsock: int, i: int) -> int:
+    """How many of ``count`` messages sent round-robin from ``nsock`` sockets socket ``i`` sent."""
+    return count // nsock + (1 if i < count % nsock else 0)
+
+
+def wait_progress(path: Path, at_least: int, timeout: float) -> None:
+    """Until the number in ``path`` (a receiver's progress file) is at least ``at_least``; AssertionError
+    after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            if int(path.read_text()) >= at_least:
+                return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the receiver did not reach {at_least} messages in {timeout:g} s")
+        time.sleep(0.05)
+
+
+def kill_and_wait(pid: int, timeout: float = 10.0) -> None:
+    """SIGKILL ``pid``, then wait (at most ``timeout`` seconds) until it is gone or a zombie."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state == "Z":
+            return
+        time.sleep(0.02)
