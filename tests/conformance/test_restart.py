@@ -56,11 +56,11 @@ GATE = """table inet pyrds_restart_gate {{
 }}
 """
 
-# A userspace owner restarted (new sequence numbers, a new generation number) against a kernel acceptor before
-# the 7.0 fix series: that acceptor resets a connection when no path is free yet (the old one is still being
-# shut down) after its TCP acked what arrived (rds_tcp_accept_one discards), and the kernel keeps the old
-# receive sequence (it takes one extension header per probe, NPATHS, so it never sees the new generation):
-# the new service's resent copies carry small sequence numbers and RETRANSMITTED, and are dropped as old.
+# A userspace owner restarted (sequence numbers from 1 again) against a kernel acceptor before the 7.0 fix
+# series: that acceptor resets a connection when no path is free yet (the old one is still being shut down)
+# after its TCP acked what arrived (rds_tcp_accept_one discards), and the kernel keeps the old receive
+# sequence (the stack sends no GEN_NUM, so nothing tells it of a new incarnation): the new service's resent
+# copies carry small sequence numbers and RETRANSMITTED, and are dropped as old.
 RESTARTED_OWNER_RACE = KernelRace(
     "restarted-owner",
     "a pre-7.0 acceptor can discard a restarted owner's first connection after acking its data",
