@@ -53,3 +53,31 @@ def kill_and_wait(pid: int, timeout: float = 10.0) -> None:
         if state == "Z":
             return
         time.sleep(0.02)
+
+
+def check_across_restart(old: dict[int, list[int]], new: dict[int, list[int]], totals: Sequence[int]) -> int:
+    """A receiver's service was killed and a new reader took over: per sending socket i the old reader got
+    0..k-1 in order and the new one first..totals[i]-1 in order with first >= k (nothing twice, nothing out
+    of order); AssertionError otherwise. Returns the messages that died with the killed service (sum of
+    first - k)."""
+    lost = 0
+    for i, total in enumerate(totals):
+        k = len(old[i])
+        assert old[i] == list(range(k)), f"socket {i}: before the kill, not 0..{k - 1} in order"
+        first = new[i][0] if new[i] else total
+        assert first >= k, f"socket {i}: {k - first} messages delivered twice (before and after the restart)"
+        assert new[i] == list(range(first, total)), f"socket {i}: after, not {first}..{total - 1} in order"
+        lost += first - k
+    return lost
+
+
+def check_prefix_of_told(got: dict[int, list[int]], told: Sequence[int]) -> int:
+    """A sender's service was killed: per socket i the survivor got an in-order prefix of what the sender was
+    told was sent (told[i]); AssertionError otherwise. Returns how many of those died with the service."""
+    lost = 0
+    for i, sent in enumerate(told):
+        k = len(got[i])
+        assert got[i] == list(range(k)), f"socket {i}: before the kill, not 0..{k - 1} in order"
+        assert k <= sent, f"socket {i}: more received than the sender was told were sent"
+        lost += sent - k
+    return lost
