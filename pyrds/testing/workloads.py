@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pyrds.constants import SOL_RDS
+from pyrds.testing.restart import expected_per_socket
 
 RETRY_ERRNOS = (errno.EAGAIN, errno.ENOBUFS)
 
@@ -359,8 +360,7 @@ def restart_recv(
     the number received so far is written to the file ``progress`` every 50 messages."""
     sock = socks[0]
     sock.settimeout(idle)
-    last = {i: count // nsock + (1 if i < count % nsock else 0) - 1 for i in range(nsock)}
-    last = {i: j for i, j in last.items() if j >= 0}
+    last = {i: n - 1 for i in range(nsock) if (n := expected_per_socket(count, nsock, i))}
     got: list[tuple[int, int, int]] = []
     error: int | str | None = None
     try:

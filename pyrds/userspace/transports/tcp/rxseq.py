@@ -56,7 +56,7 @@ _SLOT = struct.Struct("=16s16sBBBB4xQ")
 _SEQ = struct.Struct("=Q")
 _SEQ_AT = 40
 _PAIRING = struct.Struct("=BB")
-_PAIRING_BEFORE_SEQ = _SEQ_AT - 34  # the pairing bytes sit at offset 34 of a slot
+_PAIRING_BEFORE_SEQ = _SEQ_AT - struct.calcsize("=16s16sBB")  # NPATHS and flags follow the key in a slot
 _SPORT_IDX = 1
 SIZE = _HEADER + SLOTS * _SLOT.size
 #: socket(7) SO_NETNS_COOKIE (Linux 5.14)
