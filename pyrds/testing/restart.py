@@ -81,3 +81,26 @@ def check_prefix_of_told(got: dict[int, list[int]], told: Sequence[int]) -> int:
         assert k <= sent, f"socket {i}: more received than the sender was told were sent"
         lost += sent - k
     return lost
+
+
+#: refuses new TCP connections (a SYN without ACK) to the given ports with a reset; established ones pass (a
+#: reject of every segment would reset the survivor's live connections first: docs/userspace.md, "Restart")
+_GATE = """table inet pyrds_restart_gate {{
+ chain in {{
+  type filter hook input priority 0; policy accept;
+  tcp dport {{ {ports} }} tcp flags & (syn | ack) == syn reject with tcp reset
+ }}
+}}
+"""
+
+
+def gate(netns_name: str, ports: Iterable[int], closed: bool) -> None:
+    """Refuse (RST) new TCP connections to ``ports`` in network namespace ``netns_name``, or admit them
+    again: a restarted node stays closed until its new reader is bound."""
+    from pyrds import netns
+
+    if closed:
+        rules = _GATE.format(ports=", ".join(str(p) for p in sorted(set(ports))))
+        netns.run_cmd_in_netns(netns_name, ["nft", "-f", "-"], input=rules)
+    else:
+        netns.run_cmd_in_netns(netns_name, ["nft", "delete", "table", "inet", "pyrds_restart_gate"])

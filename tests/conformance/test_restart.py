@@ -34,7 +34,6 @@ from typing import Any
 
 import pytest
 
-from pyrds import netns
 from pyrds.constants import InfoType
 from pyrds.info import counters_dict
 from pyrds.testing.kernelinfo import KernelRace
@@ -42,6 +41,7 @@ from pyrds.testing.restart import (
     check_across_restart,
     check_prefix_of_told,
     expected_per_socket,
+    gate,
     kill_and_wait,
     per_socket,
     wait_progress,
@@ -55,14 +55,6 @@ KILL_AT = 600  # B has received this many when a service is killed
 SNDBUF = 2048  # rds_sndbuf: about 32 of the 64-byte messages in flight per socket
 IDLE_S = 60.0  # a receiver that gets nothing for this long ends (a stall is a failure, never a hang)
 
-GATE = """table inet pyrds_restart_gate {{
- chain in {{
-  type filter hook input priority 0; policy accept;
-  tcp dport {{ {ports} }} tcp flags & (syn | ack) == syn reject with tcp reset
- }}
-}}
-"""
-
 # A userspace owner restarted (sequence numbers from 1 again) against a kernel acceptor before the 7.0 fix
 # series: that acceptor resets a connection when no path is free yet (the old one is still being shut down)
 # after its TCP acked what arrived (rds_tcp_accept_one discards), and the kernel keeps the old receive
@@ -75,13 +67,9 @@ RESTARTED_OWNER_RACE = KernelRace(
 
 
 def _gate(node: Node, closed: bool) -> None:
-    """Refuse (RST) or admit RDS/TCP connections to ``node`` (the standard port and the one its stack listens
-    on, which the topology's redirect leads to)."""
-    if closed:
-        ports = ", ".join(str(p) for p in sorted({RDS_TCP_PORT, node.tcp_port}))
-        netns.run_cmd_in_netns(node.netns, ["nft", "-f", "-"], input=GATE.format(ports=ports))
-    else:
-        node.sh("nft", "delete", "table", "inet", "pyrds_restart_gate")
+    """Refuse or admit RDS/TCP connections to ``node``: the standard port and the one its stack listens on,
+    which the topology's redirect leads to."""
+    gate(node.netns, {RDS_TCP_PORT, node.tcp_port}, closed)
 
 
 def _service_pid(node: Node, sock: Any) -> int:

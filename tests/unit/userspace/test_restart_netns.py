@@ -37,6 +37,7 @@ from pyrds.testing.restart import (
     check_across_restart,
     check_prefix_of_told,
     expected_per_socket,
+    gate,
     kill_and_wait,
     per_socket,
     wait_progress,
@@ -97,27 +98,6 @@ def _wait_file(path: Path, timeout: float, proc: subprocess.Popen[bytes] | None 
     return json.loads(path.read_text())
 
 
-GATE = """table inet pyrds_restart {
- chain in {
-  type filter hook input priority 0; policy accept;
-  tcp dport 16385 tcp flags & (syn | ack) == syn reject with tcp reset
- }
-}
-"""
-
-
-def _gate(ns: str, tmp: Path, closed: bool) -> None:
-    """Refuse (RST) or admit RDS/TCP connections to ``ns``."""
-    from pyrds import netns
-
-    if closed:
-        rules = tmp / "gate.nft"
-        rules.write_text(GATE)
-        netns.run_cmd_in_netns(ns, ["nft", "-f", str(rules)])
-    else:
-        netns.run_cmd_in_netns(ns, ["nft", "delete", "table", "inet", "pyrds_restart"])
-
-
 def _paths_up(ns: str) -> int:
     from pyrds import netns
 
@@ -142,13 +122,13 @@ def kill_receiver_side(ns_a: str, ns_b: str, tmp: Path) -> dict[str, int]:
     # B "reboots" behind a closed port, so its new receiver is bound before A's retransmissions arrive (a
     # message for a port nobody has bound yet is dropped, recv_drop_no_sock, as by a kernel). Without the gate
     # 5 rounds passed too (A's re-dial backoff let the reader bind first), but nothing guarantees that order.
-    _gate(ns_b, tmp, closed=True)
+    gate(ns_b, [16385], closed=True)
     kill_and_wait(b_pid)
     old = _wait_file(tmp / "rx1.json", 30, rx1)
     assert old["error"] is not None and old["error"] != "idle", old["error"]
     rx2 = _spawn(ns_b, tmp, "B", "recv", B, DPORT, NSOCK, COUNT, 1, 30, tmp / "rx2.json")
     _wait_file(tmp / "rx2.json.pid", 60, rx2)
-    _gate(ns_b, tmp, closed=False)
+    gate(ns_b, [16385], closed=False)
     new = _wait_file(tmp / "rx2.json", 120, rx2)
     sent = _wait_file(tmp / "tx.json", 30, tx)
     (tmp / "tx.json.close").touch()
