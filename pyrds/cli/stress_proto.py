@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import select
 import selectors
 import signal
 import socket
@@ -61,10 +62,33 @@ def size_buffers(sock: RDSSocketBase, nbytes: int) -> None:
                 continue
 
 
+#: per thread: one ``select.poll`` object per (fd, events) waited on. A poll object holds no kernel state
+#: (each wait is one poll(2) over the registered fds), so a closed fd whose number comes back is waited on
+#: correctly. It replaced a ``selectors.DefaultSelector`` made per wait: epoll_create1, epoll_ctl, epoll_wait
+#: and close for every message (18 us against 1.7 us per wait on the host), a cost the stdlib-kernel baseline
+#: of the benchmark paid at every receive (docs/benchmarks.md).
+_polls = threading.local()
+_POLLS_MAX = 64
+
+
 def wait_fd(sock: RDSSocketBase, events: int, timeout: float) -> bool:
-    with selectors.DefaultSelector() as sel:
-        sel.register(sock.fileno(), events)
-        return bool(sel.select(timeout))
+    """Wait up to ``timeout`` seconds for ``events`` (selectors.EVENT_READ / EVENT_WRITE) on ``sock``; True
+    when poll(2) reported anything (an error or hangup too: the caller's next call says what)."""
+    fd = sock.fileno()
+    cache: dict[tuple[int, int], select.poll] | None = getattr(_polls, "by_fd", None)
+    if cache is None:
+        cache = _polls.by_fd = {}
+    poller = cache.get((fd, events))
+    if poller is None:
+        if len(cache) >= _POLLS_MAX:
+            cache.clear()
+        mask = (select.POLLIN if events & selectors.EVENT_READ else 0) | (
+            select.POLLOUT if events & selectors.EVENT_WRITE else 0
+        )
+        poller = cache[(fd, events)] = select.poll()
+        poller.register(fd, mask)
+    # poll's timeout is in ms (rounded up, as selectors does); never negative: that would wait forever
+    return bool(poller.poll(max(0.0, timeout) * 1000.0))
 
 
 @dataclass
