@@ -19,8 +19,8 @@ address, so A owns (dials) the RDS/TCP connection.
   bounded by what was sent.
 * ``sender``: A's service is killed (A must be userspace; B, the survivor, is either). B got an in-order
   prefix of each socket's messages, no more than A's sender was told were sent; new sockets on A (a new
-  service, sequence numbers from 1 again) send ``AFTER`` more of generation 2, and B gets every one exactly
-  once, in order: the survivor must not drop them as old.
+  service, numbering on from the send sequence the killed one reserved) send ``AFTER`` more of generation 2,
+  and B gets every one exactly once, in order: the survivor must not drop them as old.
 
 A kernel node has no service to kill: those pairings skip with the reason. The namespaces are replaced after
 each run (the agents still hold sockets of the dead service).
@@ -55,11 +55,10 @@ KILL_AT = 600  # B has received this many when a service is killed
 SNDBUF = 2048  # rds_sndbuf: about 32 of the 64-byte messages in flight per socket
 IDLE_S = 60.0  # a receiver that gets nothing for this long ends (a stall is a failure, never a hang)
 
-# A userspace owner restarted (sequence numbers from 1 again) against a kernel acceptor before the 7.0 fix
-# series: that acceptor resets a connection when no path is free yet (the old one is still being shut down)
-# after its TCP acked what arrived (rds_tcp_accept_one discards), and the kernel keeps the old receive
-# sequence (the stack sends no GEN_NUM, so nothing tells it of a new incarnation): the new service's resent
-# copies carry small sequence numbers and RETRANSMITTED, and are dropped as old.
+# A userspace owner restarted against a kernel acceptor before the 7.0 fix series: that acceptor resets a
+# connection when no path is free yet (the old one is still being shut down) after its TCP acked what arrived
+# (rds_tcp_accept_one discards), and what it acked is gone. (Its stale receive sequence no longer drops the
+# new service's resent messages: the new service numbers on above everything the killed one wrote.)
 RESTARTED_OWNER_RACE = KernelRace(
     "restarted-owner",
     "a pre-7.0 acceptor can discard a restarted owner's first connection after acking its data",

@@ -460,6 +460,13 @@ class PathEngine:
         if self._next_rx_seq == 0 and 0 <= next_rx_seq <= 0xFFFFFFFFFFFFFFFF:
             self._next_rx_seq = next_rx_seq
 
+    def resume_tx(self, next_tx_seq: int) -> None:
+        """Number the next message ``next_tx_seq`` (an earlier incarnation of this node wrote nothing at or
+        above it). Only before anything was queued, and only a value a sequence can hold."""
+        fresh = self._next_tx_seq == 1 and not self._send_queue and not self._written
+        if fresh and 1 < next_tx_seq <= 0xFFFFFFFFFFFFFFFF:
+            self._next_tx_seq = next_tx_seq
+
     def reset_sequences(self) -> list[AckedMessage]:
         """Peer restarted (GEN_NUM changed): seqs restart and unacked messages are flushed, not resent
         (``rds_conn_peer_gen_update``). Returns the flushed messages (the sender releases them)."""

@@ -9,10 +9,12 @@ import fcntl
 import ipaddress
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
+from pyrds.userspace.proto.events import DuplicateDropped, MessageReceived, PeerGenChanged
 from pyrds.userspace.proto.path import PathEngine
 from pyrds.userspace.transports.tcp import path as tcp_path
 from pyrds.userspace.transports.tcp import rxseq
@@ -231,3 +233,74 @@ def test_a_closed_page_gives_no_slot_and_ignores_stores(state_dir: Path) -> None
     assert page.slot(A, B, 1) is None and page.slot(A, B, 0) is None
     page.store(at, 5)
     assert page.resume(at) == 0
+
+
+def test_a_reserved_send_sequence_is_kept_per_slot_and_a_new_slot_has_none(state_dir: Path) -> None:
+    page = _open(state_dir)
+    at = page.slot(A, B, 2)
+    assert at is not None and page.tx_reserved(at) == 0
+    page.reserve_tx(at, 8193)
+    page.store(at, 5)
+    page.close(remove=False)
+    again = _open(state_dir)
+    assert again.tx_reserved(at) == 8193 and again.resume(at) == 5, "each in its own place"
+    other = again.slot(A, B, 3)
+    assert other is not None and again.tx_reserved(other) == 0
+
+
+def _written(path: TcpPath, peer: socket.socket, payloads: tuple[bytes, ...]) -> bytes:
+    for p in payloads:
+        path.engine.queue(5000, 4000, p)
+    path.flush()
+    time.sleep(0.02)
+    return peer.recv(1 << 16)
+
+
+def test_a_restarted_service_numbers_above_what_the_killed_one_wrote_so_its_resends_are_taken(
+    state_dir: Path,
+) -> None:
+    """The survivor took message 3 of the killed service (next_rx_seq 4); the new service's first message is
+    cut off with its first connection and resent, RETRANSMITTED: from 1 again it would be dropped as old."""
+    survivor = PathEngine(FADDR, LADDR, 1)
+    survivor.connection_made(0.0)
+    page = _open(state_dir)
+    with tcp_connection() as (ours, peer):
+        path, _host = _path(ours, page)
+        first = survivor.feed(_written(path, peer, (b"a", b"b", b"c")), 0.0)
+    seqs = [ev.header.sequence for ev in first if isinstance(ev, MessageReceived)]
+    assert seqs == [1, 2, 3] and survivor.next_rx_seq == 4
+    at = page.slot(LADDR, FADDR, 1)
+    assert at is not None and page.tx_reserved(at) > 3, "reserved before it was written"
+    page.close(remove=False)  # SIGKILL
+
+    page = _open(state_dir)
+    with tcp_connection() as (ours, peer):
+        path, _host = _path(ours, page)
+        assert path.engine.next_tx_seq > 3
+        path.engine.queue(5000, 4000, b"new")
+        path.engine.bytes_to_send()  # written, and cut off with the connection before the survivor read it
+        path.engine.connection_lost(0.0)
+        path.engine.connection_made(0.0)
+        resent = path.engine.bytes_to_send()
+    events = survivor.feed(resent, 0.0)
+    assert not [ev for ev in events if isinstance(ev, DuplicateDropped)], "the resent copy is not old"
+    assert [ev.payload for ev in events if isinstance(ev, MessageReceived)] == [b"new"]
+    page.close(remove=True)
+
+
+def test_a_peer_that_restarted_numbers_ours_from_1_again_and_so_does_the_page(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = _open(state_dir)
+    with tcp_connection() as (ours, peer):
+        path, _host = _path(ours, page)
+        _written(path, peer, (b"a",))
+        at = page.slot(LADDR, FADDR, 1)
+        assert at is not None and page.tx_reserved(at) > 1
+        monkeypatch.setattr(type(path.conn), "peer_restarted", lambda _self, _p: None, raising=False)
+        path.engine.reset_sequences()  # what the engine does when the peer's GEN_NUM changes, then:
+        path._event(PeerGenChanged(1, 2))
+        assert page.tx_reserved(at) == 0 and path.engine.next_tx_seq == 1
+        _written(path, peer, (b"b",))
+        assert 1 < page.tx_reserved(at), "reserved again before the next write"
+    page.close(remove=True)

@@ -61,6 +61,9 @@ CONFIRM_POLL = 0.01  # owner: how often an unconfirmed connection checks whether
 CONFIRM_TIMEOUT = 5.0  # owner: send on a new connection after this even if nothing confirmed it
 CLOSE_TIMEOUT = 5.0  # graceful close: give up waiting for the peer's FIN
 WRITE_CHUNK = 256 * 1024
+#: with a receive-sequence page: how far ahead of the next number a path reserves its send sequence there
+#: (one store per this many messages; a restarted service skips at most this many numbers)
+TX_RESERVE = 4096
 #: reads after the first that :func:`_acked_read` makes at most to get the receive queue empty for the ACK
 ACK_READS = 4
 #: reads not known acked that a path remembers at most (an acked read then lets their messages be pushed); the
@@ -127,11 +130,15 @@ class TcpPath:
         #: our TCP's ACK for it is out
         self._rx_page: RxSeqPage | None = None
         self._rx_at = 0
+        #: with a page: the send sequence reserved there, above every number this path has written
+        self._tx_reserved = 0
         page = conn.rx_page
         at = page.slot(conn.laddr, conn.faddr, index) if page is not None else None
         if page is not None and at is not None:
             self._rx_page, self._rx_at = page, at
             self.engine.resume_rx(page.resume(at))
+            self._tx_reserved = page.tx_reserved(at)
+            self.engine.resume_tx(self._tx_reserved)
         self.sock: socket.socket | None = None
         self.peer_port: int | None = None  # the TCP peer's port of the current connection
         self.dial_port: int | None = None  # owner: our source port of the last dial (a re-dial avoids it)
@@ -471,6 +478,8 @@ class TcpPath:
                     if held:
                         break
                     out = self.outbuf = [*self.engine.buffers_to_send(WRITE_CHUNK)]
+                    if self._rx_page is not None and self.engine.next_tx_seq > self._tx_reserved:
+                        self._reserve_tx()
                     if self.engine.held:
                         held = True
                         self._catchup_wait()
@@ -490,6 +499,14 @@ class TcpPath:
             if not self.outbuf and self._mask & W:  # else _interest(False) would change nothing (``_mask``)
                 self._interest(False)
         self.check_acks()
+
+    def _reserve_tx(self) -> None:
+        """Before a message numbered at or above the page's reservation reaches the wire: reserve a block
+        more (rxseq.py), so that a service started after a kill numbers above everything written."""
+        page = self._rx_page
+        if page is not None:
+            self._tx_reserved = self.engine.next_tx_seq + TX_RESERVE
+            page.reserve_tx(self._rx_at, self._tx_reserved)
 
     def _catchup_wait(self) -> None:
         """Path 0 still holds messages older than the fan-out (:mod:`pyrds.userspace.proto.path`): count it
@@ -748,7 +765,9 @@ class TcpPath:
                 self.conn.negotiated(npaths, sport_idx)
             case PeerGenChanged(flushed=flushed):
                 if self._rx_page is not None:
-                    self._rx_page.store(self._rx_at, 0)  # the peer's numbers start again
+                    self._rx_page.store(self._rx_at, 0)  # the peer's numbers start again, and ours (from 1)
+                    self._tx_reserved = 0
+                    self._rx_page.reserve_tx(self._rx_at, 0)
                 self.release(flushed)
                 self.conn.peer_restarted(self)
             case PongReceived() | CongMapDropped():

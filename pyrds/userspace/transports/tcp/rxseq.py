@@ -25,6 +25,14 @@ again once the owner's probe says SPORT_IDX, 7.x ``rds_tcp_conn_slots_available`
 path 0, with that probe, waiting unread behind it: messages of one path would meet another path's receive
 sequence, and a receiver that never sends has no ping of its own to break the wait. With the pairing kept,
 the new service pairs every connection by its port from the first one, as the old one did.
+
+Each slot also keeps a reserved send sequence: a path writes nothing numbered at or above it, raising it a
+block ahead (:data:`pyrds.userspace.transports.tcp.path.TX_RESERVE`) before it would, and a new service's path
+numbers on from it instead of from 1. The survivor's ``next_rx_seq`` for the path is at most one above the
+last number it received, so the new service's messages, resent with RETRANSMITTED after a reset of its first
+connection, are never below it and never dropped as old (from 1 again they could be: nothing on the wire tells
+a peer before 7.x of a new incarnation, and the stack sends no GEN_NUM). A gap in the numbers is nothing to a
+receiver: ``rds_recv_incoming`` only compares with ``next_rx_seq``.
 """
 
 from __future__ import annotations
@@ -46,15 +54,17 @@ __all__ = ["SLOTS", "RxSeqPage", "open_page", "page_path"]
 
 log = logging.getLogger("pyrds.userspace.tcp")
 
-MAGIC = b"PYRDSRX1"
+MAGIC = b"PYRDSRX2"
 #: slots for (laddr, faddr, path) keys: 128 peers of 8 paths each
 SLOTS = 1024
 _HEADER = 64
 #: laddr (16, IPv4 left-aligned), faddr (16), IP version (0: a free slot), path index, the peer's NPATHS and
-#: pairing flags (path 0's slot only: see :meth:`RxSeqPage.pairing`), 4 pad, next_rx_seq
-_SLOT = struct.Struct("=16s16sBBBB4xQ")
+#: pairing flags (path 0's slot only: see :meth:`RxSeqPage.pairing`), 4 pad, next_rx_seq, the send sequence
+#: reserved (:meth:`RxSeqPage.tx_reserved`)
+_SLOT = struct.Struct("=16s16sBBBB4xQQ")
 _SEQ = struct.Struct("=Q")
 _SEQ_AT = 40
+_TX_AFTER_SEQ = 8  # the reserved send sequence follows next_rx_seq
 _PAIRING = struct.Struct("=BB")
 _PAIRING_BEFORE_SEQ = _SEQ_AT - struct.calcsize("=16s16sBB")  # NPATHS and flags follow the key in a slot
 _SPORT_IDX = 1
@@ -145,7 +155,8 @@ class RxSeqPage:
             i = self._free.pop()
             # the sequence first: a slot taken halfway (a kill between the stores) reads as free or as 0
             _SEQ.pack_into(self._mm, _HEADER + i * _SLOT.size + _SEQ_AT, 0)
-            _SLOT.pack_into(self._mm, _HEADER + i * _SLOT.size, *key, 0, 0, 0)
+            _SEQ.pack_into(self._mm, _HEADER + i * _SLOT.size + _SEQ_AT + _TX_AFTER_SEQ, 0)
+            _SLOT.pack_into(self._mm, _HEADER + i * _SLOT.size, *key, 0, 0, 0, 0)
             self._slots[key] = i
         return _HEADER + i * _SLOT.size + _SEQ_AT
 
@@ -158,6 +169,18 @@ class RxSeqPage:
     def store(self, at: int, next_rx_seq: int) -> None:
         if not self._closed:  # closed: a path still reading while the stack stops (its readers are gone)
             _SEQ.pack_into(self._mm, at, next_rx_seq)
+
+    def tx_reserved(self, at: int) -> int:
+        """The send sequence the path whose ``next_rx_seq`` is at ``at`` reserved: every message an earlier
+        service wrote on it had a lower number (0: nothing reserved)."""
+        if self._closed:
+            return 0
+        value: int = _SEQ.unpack_from(self._mm, at + _TX_AFTER_SEQ)[0]
+        return value
+
+    def reserve_tx(self, at: int, through: int) -> None:
+        if not self._closed:
+            _SEQ.pack_into(self._mm, at + _TX_AFTER_SEQ, through)
 
     def pairing(self, at: int) -> tuple[int, bool]:
         """What the peer of the path whose sequence is at ``at`` (its path 0) last said in a probe or pong:
