@@ -68,6 +68,10 @@ from pyrds.userspace.proto.header import ExtHeader, RDSHeader
 __all__ = ["PathEngine", "PathState", "SendQueueFull"]
 
 
+#: a path resumes its send sequence only below this (:meth:`PathEngine.resume_tx`)
+_RESUME_TX_LIMIT = 1 << 62
+
+
 class PathState(enum.IntEnum):
     """``RDS_CONN_*`` (values as in net/rds/rds.h)."""
 
@@ -462,9 +466,10 @@ class PathEngine:
 
     def resume_tx(self, next_tx_seq: int) -> None:
         """Number the next message ``next_tx_seq`` (an earlier incarnation of this node wrote nothing at or
-        above it). Only before anything was queued, and only a value a sequence can hold."""
+        above it). Only before anything was queued, and only below 2**62: a damaged file must not leave a
+        path numbering so close to 2**64 that a header could no longer hold its sequence."""
         fresh = self._next_tx_seq == 1 and not self._send_queue and not self._written
-        if fresh and 1 < next_tx_seq <= 0xFFFFFFFFFFFFFFFF:
+        if fresh and 1 < next_tx_seq < _RESUME_TX_LIMIT:
             self._next_tx_seq = next_tx_seq
 
     def reset_sequences(self) -> list[AckedMessage]:

@@ -304,3 +304,13 @@ def test_a_peer_that_restarted_numbers_ours_from_1_again_and_so_does_the_page(
         _written(path, peer, (b"b",))
         assert 1 < page.tx_reserved(at), "reserved again before the next write"
     page.close(remove=True)
+
+
+def test_a_reserved_send_sequence_is_taken_only_by_a_fresh_path_and_only_below_2_62() -> None:
+    eng = PathEngine(LADDR, FADDR, 1)
+    eng.resume_tx(1 << 62)  # a damaged file: numbering this high could outgrow the header's 64 bits
+    assert eng.next_tx_seq == 1
+    eng.resume_tx(5000)
+    assert eng.next_tx_seq == 5000
+    eng.resume_tx(9000)  # only once, before anything was numbered
+    assert eng.next_tx_seq == 5000
