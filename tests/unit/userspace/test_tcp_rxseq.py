@@ -314,3 +314,16 @@ def test_a_reserved_send_sequence_is_taken_only_by_a_fresh_path_and_only_below_2
     assert eng.next_tx_seq == 5000
     eng.resume_tx(9000)  # only once, before anything was numbered
     assert eng.next_tx_seq == 5000
+
+
+def test_a_reservation_out_of_bounds_is_replaced_at_the_first_write(state_dir: Path) -> None:
+    page = _open(state_dir)
+    at = page.slot(LADDR, FADDR, 1)
+    assert at is not None
+    page.reserve_tx(at, 1 << 63)
+    with tcp_connection() as (ours, peer):
+        path, _host = _path(ours, page)
+        assert path.engine.next_tx_seq == 1
+        _written(path, peer, (b"a",))
+        assert 1 < page.tx_reserved(at) < 1 << 62
+    page.close(remove=True)

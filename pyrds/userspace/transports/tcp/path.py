@@ -137,8 +137,10 @@ class TcpPath:
         if page is not None and at is not None:
             self._rx_page, self._rx_at = page, at
             self.engine.resume_rx(page.resume(at))
-            self._tx_reserved = page.tx_reserved(at)
-            self.engine.resume_tx(self._tx_reserved)
+            reserved = page.tx_reserved(at)
+            self.engine.resume_tx(reserved)
+            # a value the engine refused (out of bounds) is replaced at the first write
+            self._tx_reserved = reserved if self.engine.next_tx_seq == reserved else 0
         self.sock: socket.socket | None = None
         self.peer_port: int | None = None  # the TCP peer's port of the current connection
         self.dial_port: int | None = None  # owner: our source port of the last dial (a re-dial avoids it)
