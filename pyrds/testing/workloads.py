@@ -351,13 +351,29 @@ def restart_send(
     return {"sent": sent, "error": error, "refused": refused}
 
 
+def _write_progress(progress: str, n: int) -> None:
+    with open(progress + ".tmp", "w") as f:
+        f.write(str(n))
+    os.replace(progress + ".tmp", progress)
+
+
 def restart_recv(
-    socks: Sequence[Any], *, nsock: int, count: int, gen: int, idle: float, progress: str
+    socks: Sequence[Any],
+    *,
+    nsock: int,
+    count: int,
+    gen: int,
+    idle: float,
+    progress: str,
+    pause_at: int = 0,
 ) -> dict[str, Any]:
     """Receive on ``socks[0]`` until the last message of each of the ``nsock`` sockets of a ``gen`` sender of
     ``count`` messages (:func:`restart_send`) arrived, ``idle`` seconds passed without a message ("idle"), or
     an error (its stack service died: the errno). Every message as (gen, socket, number) in arrival order;
-    the number received so far is written to the file ``progress`` every 50 messages."""
+    the number received so far is written to the file ``progress`` every 50 messages. ``pause_at``: after
+    that many messages (a multiple of 50), stop reading until the file ``progress + ".resume"`` exists (at
+    most ``idle`` seconds, then "paused"), so that the transfer cannot end before the test kills the
+    service: the senders run into the receiver's full queue and wait."""
     sock = socks[0]
     sock.settimeout(idle)
     last = {i: n - 1 for i in range(nsock) if (n := expected_per_socket(count, nsock, i))}
@@ -375,9 +391,13 @@ def restart_recv(
             if g == gen and last.get(i) == j:
                 del last[i]
             if len(got) % 50 == 0:
-                with open(progress + ".tmp", "w") as f:
-                    f.write(str(len(got)))
-                os.replace(progress + ".tmp", progress)
+                _write_progress(progress, len(got))
+                if len(got) == pause_at:
+                    deadline = time.monotonic() + idle
+                    while not os.path.exists(progress + ".resume"):
+                        if time.monotonic() > deadline:
+                            return {"got": got, "error": "paused"}
+                        time.sleep(0.02)
     except OSError as exc:
         error = exc.errno if exc.errno is not None else str(exc)
     return {"got": got, "error": error}

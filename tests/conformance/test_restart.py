@@ -5,7 +5,9 @@ messages).
 
 A sends ``COUNT`` messages round-robin from ``NSOCK`` sockets (each held by acks: a send buffer of about
 32 messages) to one socket on B; message j of socket i carries (generation, i, j). A has the smaller
-address, so A owns (dials) the RDS/TCP connection.
+address, so A owns (dials) the RDS/TCP connection. B's reader stops reading once it has ``KILL_AT`` messages
+and reads on only after the kill: the transfer is always still going when the service dies (a fast sender
+once finished all 3,000 before a slow kill, in a busy CI run).
 
 * ``receiver``: B's service is killed (B must be userspace; A, the survivor, is either). B "reboots" behind a
   closed port (an nft reject), a new socket on B (a new service) binds the same address and port, the port
@@ -86,7 +88,7 @@ def _senders(node: Node, ports: list[int] | None = None) -> list[Any]:
     return socks
 
 
-def _receive_job(node: Node, sock: Any, count: int, gen: int, progress: Path) -> int:
+def _receive_job(node: Node, sock: Any, count: int, gen: int, progress: Path, pause_at: int = 0) -> int:
     jid: int = node.agent.job(
         "pyrds.testing.workloads:restart_recv",
         [sock],
@@ -95,6 +97,7 @@ def _receive_job(node: Node, sock: Any, count: int, gen: int, progress: Path) ->
         gen=gen,
         idle=IDLE_S,
         progress=str(progress),
+        pause_at=pause_at,
     )
     return jid
 
@@ -125,7 +128,9 @@ def _kill_receiver(nodes: Any, tmp: Path, rds_observe: Any) -> None:
     _warm, b = nodes.bound_pair()
     dest = b.getsockname()
     old_pid = _service_pid(nb, b)
-    jb = _receive_job(nb, b, COUNT, 1, tmp / "rx1")
+    # the old reader stops reading at KILL_AT until the kill: the transfer cannot end first (a fast sender
+    # and a slow gate let it, in a 6.1 guest of a busy CI run: the old reader got all 3,000 and no error)
+    jb = _receive_job(nb, b, COUNT, 1, tmp / "rx1", pause_at=KILL_AT)
     tx = _senders(na)
     ja = _send_job(na, tx, dest, COUNT, 1)
     wait_progress(tmp / "rx1", KILL_AT, 300)
@@ -133,6 +138,7 @@ def _kill_receiver(nodes: Any, tmp: Path, rds_observe: Any) -> None:
     # message for a port nobody has bound is dropped, recv_drop_no_sock, as by a kernel)
     _gate(nb, closed=True)
     kill_and_wait(old_pid)
+    (tmp / "rx1.resume").touch()  # the old reader reads on: what its data channel holds, then the error
     old = nb.agent.wait(jb, 60)
     assert old["error"] not in (None, "idle"), f"the reader of the killed service saw {old['error']}"
     b2 = nb.socket()
@@ -169,13 +175,16 @@ def _kill_sender(nodes: Any, tmp: Path, rds_observe: Any) -> None:
     na, nb = nodes.a, nodes.b
     _warm, b = nodes.bound_pair()
     dest = b.getsockname()
-    jb = _receive_job(nb, b, AFTER, 2, tmp / "rx")
+    # the survivor's reader stops at KILL_AT until the kill, so the sender is still sending then (held by the
+    # survivor's full queue), whatever the machine's timing
+    jb = _receive_job(nb, b, AFTER, 2, tmp / "rx", pause_at=KILL_AT)
     tx = _senders(na)
     ports = [s.getsockname()[1] for s in tx]
     old_pid = _service_pid(na, tx[0])
     ja = _send_job(na, tx, dest, COUNT, 1)
     wait_progress(tmp / "rx", KILL_AT, 300)
     kill_and_wait(old_pid)
+    (tmp / "rx.resume").touch()
     told = na.agent.wait(ja, 60)
     assert told["error"] is not None, "the sender of the killed service saw no error"
     tx2 = _senders(na, ports)
