@@ -41,6 +41,17 @@ def wait_progress(path: Path, at_least: int, timeout: float) -> None:
         time.sleep(0.05)
 
 
+def resume_file(progress: str | Path) -> Path:
+    """The file whose existence lets a paused reader read on (:func:`pyrds.testing.workloads.restart_recv`
+    with ``pause_at``, writing its progress to ``progress``)."""
+    return Path(str(progress) + ".resume")
+
+
+def resume_reader(progress: str | Path) -> None:
+    """Let the reader that writes its progress to ``progress`` read on past its pause."""
+    resume_file(progress).touch()
+
+
 def kill_and_wait(pid: int, timeout: float = 10.0) -> None:
     """SIGKILL ``pid``, then wait (at most ``timeout`` seconds) until it is gone or a zombie."""
     os.kill(pid, signal.SIGKILL)

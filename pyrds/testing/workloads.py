@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pyrds.constants import SOL_RDS
-from pyrds.testing.restart import expected_per_socket
+from pyrds.testing.restart import expected_per_socket, resume_file
 
 RETRY_ERRNOS = (errno.EAGAIN, errno.ENOBUFS)
 
@@ -371,9 +371,9 @@ def restart_recv(
     ``count`` messages (:func:`restart_send`) arrived, ``idle`` seconds passed without a message ("idle"), or
     an error (its stack service died: the errno). Every message as (gen, socket, number) in arrival order;
     the number received so far is written to the file ``progress`` every 50 messages. ``pause_at``: after
-    that many messages (a multiple of 50), stop reading until the file ``progress + ".resume"`` exists (at
-    most ``idle`` seconds, then "paused"), so that the transfer cannot end before the test kills the
-    service: the senders run into the receiver's full queue and wait."""
+    that many messages (a multiple of 50), stop reading until :func:`pyrds.testing.restart.resume_reader`
+    lets it read on (at most ``idle`` seconds, then "paused"), so that the transfer cannot end before the
+    test kills the service: the senders run into the receiver's full queue and wait."""
     sock = socks[0]
     sock.settimeout(idle)
     last = {i: n - 1 for i in range(nsock) if (n := expected_per_socket(count, nsock, i))}
@@ -394,7 +394,8 @@ def restart_recv(
                 _write_progress(progress, len(got))
                 if len(got) == pause_at:
                     deadline = time.monotonic() + idle
-                    while not os.path.exists(progress + ".resume"):
+                    resume = resume_file(progress)
+                    while not resume.exists():
                         if time.monotonic() > deadline:
                             return {"got": got, "error": "paused"}
                         time.sleep(0.02)

@@ -46,6 +46,7 @@ from pyrds.testing.restart import (
     gate,
     kill_and_wait,
     per_socket,
+    resume_reader,
     wait_progress,
 )
 from pyrds.testing.topology import RDS_TCP_PORT, Node
@@ -138,7 +139,7 @@ def _kill_receiver(nodes: Any, tmp: Path, rds_observe: Any) -> None:
     # message for a port nobody has bound is dropped, recv_drop_no_sock, as by a kernel)
     _gate(nb, closed=True)
     kill_and_wait(old_pid)
-    (tmp / "rx1.resume").touch()  # the old reader reads on: what its data channel holds, then the error
+    resume_reader(tmp / "rx1")  # the old reader reads on: what its data channel holds, then the error
     old = nb.agent.wait(jb, 60)
     assert old["error"] not in (None, "idle"), f"the reader of the killed service saw {old['error']}"
     b2 = nb.socket()
@@ -184,7 +185,7 @@ def _kill_sender(nodes: Any, tmp: Path, rds_observe: Any) -> None:
     ja = _send_job(na, tx, dest, COUNT, 1)
     wait_progress(tmp / "rx", KILL_AT, 300)
     kill_and_wait(old_pid)
-    (tmp / "rx.resume").touch()
+    resume_reader(tmp / "rx")
     told = na.agent.wait(ja, 60)
     assert told["error"] is not None, "the sender of the killed service saw no error"
     tx2 = _senders(na, ports)
