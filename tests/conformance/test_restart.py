@@ -141,7 +141,12 @@ def _kill_receiver(nodes: Any, tmp: Path, rds_observe: Any) -> None:
     kill_and_wait(old_pid)
     resume_reader(tmp / "rx1")  # the old reader reads on: what its data channel holds, then the error
     old = nb.agent.wait(jb, 60)
-    assert old["error"] not in (None, "idle"), f"the reader of the killed service saw {old['error']}"
+    # the old reader reads what its data channel holds, then sees its service gone (an errno); or it ends with
+    # no error because the last message of every socket was already in its channel (error None: it has them
+    # all). The pause does not rule that out: a 6.1 guest's kernel sender once got every message into the
+    # killed service's channel before the kill, although the paused reader's queue should have congested the
+    # port near 2,500 (2026-11-29, 1 of 3 rounds in one boot; 7.3 and 6.12 never did)
+    assert old["error"] not in ("idle", "paused"), f"the reader of the killed service saw {old['error']}"
     b2 = nb.socket()
     b2.bind(tuple(dest))
     new_pid = _service_pid(nb, b2)
@@ -166,7 +171,8 @@ def _kill_receiver(nodes: Any, tmp: Path, rds_observe: Any) -> None:
     assert new["error"] is None, f"the new reader stopped: {new['error']} after {len(new['got'])} messages"
     lost = check_across_restart(per_socket(old["got"], 1, NSOCK), per_socket(new["got"], 1, NSOCK), totals)
     print(
-        f"receiver's service killed: old reader {len(old['got'])}, new {len(new['got'])}, lost {lost}; "
+        f"receiver's service killed: old reader {len(old['got'])} (error {old['error']}), "
+        f"new {len(new['got'])}, lost {lost}; "
         f"sends refused by congestion {sent['refused'] + sent2['refused']}"
     )
     rds_observe("restart", "receiver: nothing twice, in order")
