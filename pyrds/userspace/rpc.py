@@ -92,7 +92,8 @@ TAG_POST = 0x04
 RECV_REQ = struct.Struct("<BqqiB")
 #: code, msg_flags, sport, scope_id, len(packed saddr) (0 = none), len(values(ancdata))
 RECV_REP = struct.Struct("<iiHIBI")
-#: a notice: the client read ``count`` pushed messages from its data channel; ``drained``: it then found the
+#: a notice: the client read ``count`` pushed messages from its data channel (0: see its report page,
+#: :data:`REPORT_PAGE`, which holds every read it made); ``drained``: it then found the
 #: channel empty and emptied its readiness fd (the last message was the tail of the queue); ``reply``: answer
 #: it with a SEND_REP (the shared page asked for synchronous reads), else no reply; ``ready_taken``: the bytes
 #: the client ever took from its readiness fd, mod 2**32 (with those the service sent and took itself, the
@@ -121,6 +122,20 @@ PUSH_HDR = struct.Struct("<IHIBB16s")
 #: reaches this value (the first read that can uncongest the port or let a held transport read again); the
 #: reads before it are reported without waiting. The stack writes it before byte 0.
 SHARED_PAGE = 4096
+#: shared page byte :data:`PAGE_NOTIFY_AT`: while it is 1 a client with a report page sends a CONSUMED notice
+#: (count 0) after each read from its channel, without waiting: the stack holds messages the channel had no
+#: room for, and only a read makes room
+PAGE_NOTIFY_AT = 1
+#: size of the report page: the client's side of its reads, which it maps read-write and the stack only reads
+#: (every value in it is checked, never believed): at :data:`REPORT_READ_AT` how many messages it ever read
+#: from its data channel, at :data:`REPORT_TAKEN_AT` how many bytes it ever took from its readiness fd, each
+#: a :data:`PAGE_COUNT`, written in that order after each read. The stack looks at it whenever what it does
+#: next depends on the socket's receive queue (a delivery, any request of the client, an info table, a
+#: poll state it sets): a read that changes nothing anyone sees costs the client no system call.
+REPORT_PAGE = 4096
+REPORT_READ_AT = 0
+REPORT_TAKEN_AT = 8
+REPORT_COUNTS = struct.Struct("<QQ")
 PAGE_COUNT = struct.Struct("<Q")
 PAGE_QUEUED_AT = 8
 PAGE_SERVED_AT = 16

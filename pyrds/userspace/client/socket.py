@@ -47,6 +47,7 @@ from pyrds.userspace.client.autostart import connect_stack
 _CONG_WAKE_CAP = 0.1
 _CONG_POLL = 0.005
 _U32 = 0xFFFFFFFF
+_U64 = 0xFFFFFFFFFFFFFFFF
 _POLLIN = select.POLLIN
 _SEND_REQ = rpc.SEND_REQ
 _RECV_REQ = rpc.RECV_REQ
@@ -54,6 +55,7 @@ _PUSH_HDR = rpc.PUSH_HDR
 _PAGE_COUNT = rpc.PAGE_COUNT
 _HDR_SIZE = rpc.PUSH_HDR.size
 _CONSUMED = rpc.CONSUMED
+_REPORT = rpc.REPORT_COUNTS
 _MSG_TRUNC = int(socket.MSG_TRUNC)
 _MSG_PEEK = int(socket.MSG_PEEK)
 _MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
@@ -174,11 +176,14 @@ class RDSSocket(RDSSocketBase):
         self._v6 = False
         fds: list[int] = []
         try:
-            self.sock_id = self._call(rpc.Op.OPEN, (), want_fds=3, fds_out=fds)
-            if len(fds) < 3:  # an fd was dropped: this process is out of descriptors (MSG_CTRUNC)
+            self.sock_id = self._call(rpc.Op.OPEN, (), want_fds=4, fds_out=fds)
+            if len(fds) < 4:  # an fd was dropped: this process is out of descriptors (MSG_CTRUNC)
                 raise os_error(errno.EMFILE)
             #: the page the service shares with this socket (read-only): byte 0 = report reads synchronously
             self._page = mmap.mmap(fds[2], rpc.SHARED_PAGE, mmap.MAP_SHARED, mmap.PROT_READ)
+            #: where this side counts its reads for the service (rpc.REPORT_PAGE), read-write
+            self._report = mmap.mmap(fds[3], rpc.REPORT_PAGE, mmap.MAP_SHARED)
+            os.close(fds.pop())
             #: messages read from the data channel (with the page's counts: what the stack's queue holds)
             self._pushed_read = 0
             #: what it read from the channel, in the page's sync units (rpc.PAGE_SYNC_AT)
@@ -190,7 +195,7 @@ class RDSSocket(RDSSocketBase):
             self._snd_empty_taken = 0
             self._post_dest: tuple[bytes, int] | None = None
             self._post_epoch = -1
-            #: bytes ever taken from the readiness fd (told to the service with each CONSUMED notice)
+            #: bytes ever taken from the readiness fd (on the report page)
             self._ready_taken = 0
             #: the read end of the send waker (-1: not asked for yet, or the service gave none)
             self._waker = -1
@@ -361,6 +366,8 @@ class RDSSocket(RDSSocketBase):
         return queued, queued - served - self._pushed_read
 
     def _consumed(self, tail: bool) -> None:
+        """Count a read on the report page; tell the service at once only when the page asks (a synchronous
+        report, or a notice while it holds messages the channel had no room for)."""
         drained = sync = False
         page = self._page
         if tail:
@@ -382,21 +389,24 @@ class RDSSocket(RDSSocketBase):
                     pass
                 # a message queued while we emptied the fd: the stack re-arms it before our recv returns
                 sync = _PAGE_COUNT.unpack_from(page, rpc.PAGE_QUEUED_AT)[0] != queued
+        _REPORT.pack_into(self._report, rpc.REPORT_READ_AT, self._pushed_read, self._ready_taken & _U64)
         if sync or (page[0] and self._read_charge >= _PAGE_COUNT.unpack_from(page, rpc.PAGE_SYNC_AT)[0]):
             # the read may change what other sockets see (a congested port uncongests, a held transport
             # reads again; the reads before the page's sync point cannot), or the fd must be made true again:
             # as the kernel's recvmsg, return only once the stack has taken it
             try:
-                self._fast([_CONSUMED.pack(rpc.TAG_CONSUMED, 1, drained, 1, self._ready_taken & _U32)])
+                self._fast([_CONSUMED.pack(rpc.TAG_CONSUMED, 0, drained, 1, self._ready_taken & _U32)])
             except OSError:
                 pass  # closed, or the service went away: the message is the caller's all the same
             return
+        if not page[rpc.PAGE_NOTIFY_AT]:
+            return  # the service takes it from the report page when it needs it
         with self._lock:
             ctl = self._ctl
             if ctl is None:
                 return
             try:
-                ctl.send(b"\0" + _CONSUMED.pack(rpc.TAG_CONSUMED, 1, drained, 0, self._ready_taken & _U32))
+                ctl.send(b"\0" + _CONSUMED.pack(rpc.TAG_CONSUMED, 0, drained, 0, self._ready_taken & _U32))
             except OSError:
                 pass  # the service went away: the next request says so
 
@@ -681,6 +691,7 @@ class RDSSocket(RDSSocketBase):
             self._ready.close()
             self._data.close()
             self._page.close()
+            self._report.close()
             if self._waker >= 0:
                 os.close(self._waker)
                 self._waker = -1

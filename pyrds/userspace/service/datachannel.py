@@ -13,6 +13,12 @@ congested or a transport waits for its queue to drain, the service sets byte 0 o
 client (a sealed memfd the client maps read-only) and the client then waits for the service to take its
 CONSUMED notice before its recv returns.
 
+Since the report page (:data:`pyrds.userspace.rpc.REPORT_PAGE`, a second memfd the client maps read-write)
+the client sends no notice at all for most reads: it counts them on that page, and the stack takes the count
+(:meth:`DataChannel.reported`) when what it does next depends on it. It still sends one while byte 1 of the
+shared page says the stack holds messages the channel had no room for (:meth:`DataChannel.push` found it
+full).
+
 Packets from the client on this pair are refused (the service end is shut for reading: the client's write
 fails with EPIPE), so the only bytes that cross come from the service. The service never blocks on it: a
 full channel (the client does not read) leaves the rest in the stack's receive queue until it has room.
@@ -39,17 +45,21 @@ _HDR = rpc.PUSH_HDR
 SHARED_SIZE = rpc.SHARED_PAGE
 _F_SEAL_FUTURE_WRITE = 0x0010  # linux/fcntl.h; not in the stdlib's fcntl
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | _F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL
+#: the report page: the client writes it, but cannot resize it (a shrunk file would fault this side's reads)
+_REPORT_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_REPORT = rpc.REPORT_COUNTS
 
 
-def _shared_page() -> tuple[int, mmap.mmap]:
+def _shared_page(name: str = "pyrds-socket", seals: int = _SEALS) -> tuple[int, mmap.mmap]:
     """A memfd the client may only read: sealed against resizing (a shrunk file would fault the service's
-    writes) and against any new writable mapping (the service's own stays writable)."""
-    fd = os.memfd_create("pyrds-socket", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    reads and writes) and, with the default ``seals``, against any new writable mapping (the service's own
+    stays writable)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, SHARED_SIZE)
         page = mmap.mmap(fd, SHARED_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         try:
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
         except BaseException:
             page.close()
             raise
@@ -64,11 +74,16 @@ class DataChannel:
         self.srv, self.cli = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.page_fd = -1
         self.page: mmap.mmap | None = None
+        #: the client's report page (rpc.REPORT_PAGE): it writes, this side only reads
+        self.report_fd = -1
+        self.report: mmap.mmap | None = None
         self.sync = False
+        self.notify = False
         self.blocked = False  # the last push found the channel full and it has not drained to half since
         self._resume_at = -1  # while blocked: the messages left in the channel at which pushes resume
         try:
             self.page_fd, self.page = _shared_page()
+            self.report_fd, self.report = _shared_page("pyrds-reads", _REPORT_SEALS)
             self.srv.setblocking(False)
             try:
                 self.srv.setsockopt(socket.SOL_SOCKET, 32, WANT_SNDBUF)  # SO_SNDBUFFORCE
@@ -82,16 +97,30 @@ class DataChannel:
         #: the largest payload one packet carries
         self.max_payload = max(0, sndbuf - _MARGIN - rpc.PUSH_HDR.size)
 
-    def client_fds(self) -> tuple[int, int]:
-        """The client's end of the channel and the shared page's memfd."""
-        return self.cli.fileno(), self.page_fd
+    def client_fds(self) -> tuple[int, int, int]:
+        """The client's end of the channel, the shared page's memfd and the report page's."""
+        return self.cli.fileno(), self.page_fd, self.report_fd
 
     def handed_over(self) -> None:
         """The client has its end and the page (SCM_RIGHTS sent): the service's copies are closed."""
         self.cli.close()
+        self._close_fds()
+
+    def _close_fds(self) -> None:
         if self.page_fd >= 0:
             os.close(self.page_fd)
             self.page_fd = -1
+        if self.report_fd >= 0:
+            os.close(self.report_fd)
+            self.report_fd = -1
+
+    def reported(self) -> tuple[int, int]:
+        """What the client's report page says: messages it ever read from the channel, bytes it ever took
+        from its readiness fd. Whatever the client wrote: the caller checks it."""
+        if self.report is None:
+            return 0, 0
+        read, taken = _REPORT.unpack_from(self.report, rpc.REPORT_READ_AT)
+        return read, taken
 
     def unblock(self, consumed: int, in_channel: int) -> None:
         """The client read ``consumed`` messages from the channel (a CONSUMED notice) and ``in_channel`` are
@@ -106,6 +135,14 @@ class DataChannel:
         if in_channel <= resume_at:
             self.blocked = False
             self._resume_at = -1
+            self._set_notify(False)
+
+    def _set_notify(self, flag: bool) -> None:
+        """Byte 1 of the shared page (rpc.PAGE_NOTIFY_AT): while 1 the client sends a notice after each
+        read."""
+        if flag != self.notify and self.page is not None:
+            self.notify = flag
+            self.page[rpc.PAGE_NOTIFY_AT] = 1 if flag else 0
 
     def set_sync(self, flag: bool, sync_at: int = 0) -> None:
         """Byte 0 of the shared page: while it is 1 the client reports synchronously each read whose count
@@ -147,6 +184,7 @@ class DataChannel:
             self.srv.sendmsg([head, payload], [], socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             self.blocked = True
+            self._set_notify(True)  # only the client's reads make room: it says when it made some
             return False
         except OSError as exc:
             if exc.errno in (errno.EMSGSIZE, errno.ENOBUFS, errno.ENOMEM):
@@ -158,9 +196,10 @@ class DataChannel:
     def close(self) -> None:
         self.srv.close()
         self.cli.close()
-        if self.page_fd >= 0:
-            os.close(self.page_fd)
-            self.page_fd = -1
+        self._close_fds()
         if self.page is not None:
             self.page.close()
             self.page = None
+        if self.report is not None:
+            self.report.close()
+            self.report = None

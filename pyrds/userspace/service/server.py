@@ -1,6 +1,6 @@
 """The stack service: one per network namespace, serving RDS sockets over AF_UNIX control connections.
 
-It binds the abstract socket ``\\0pyrds-stack-v6`` (``PYRDS_STACK_NAME`` overrides it) and serves until it
+It binds the abstract socket ``\\0pyrds-stack-v7`` (``PYRDS_STACK_NAME`` overrides it) and serves until it
 has been idle (no clients, no established RDS/TCP connection) for ``PYRDS_IDLE_EXIT`` seconds (default 5;
 negative = forever). The data path (binary SEND/RECV records) is served here; every other operation goes
 through the table in :mod:`pyrds.userspace.service.handlers`. :class:`Service` can also run embedded (e.g. in
@@ -250,6 +250,11 @@ class Service:
             self._read_control(ctl, posts)
         finally:
             posts.flush(self.stack.transmit_failed)
+        rs = ctl.rs
+        if rs is not None and rs.pushed:
+            # the reads its report page shows, now that its sends are on their way (request/response: the
+            # read before this send is taken while the message crosses the network, not before it leaves)
+            self.stack.pull_reads(rs)
 
     def _read_control(self, ctl: _Control, posts: Outbox) -> None:
         buf = self._rbuf
@@ -278,6 +283,8 @@ class Service:
                     if record[-1]:
                         return  # answered: the client waits, nothing follows
                     continue
+                if ctl.rs is not None and ctl.rs.pushed:
+                    self.stack.pull_reads(ctl.rs)  # its reads before this request count
                 self._handle(ctl, record)
                 # one request at a time per control connection (the client waits for each reply): no
                 # point in another recv that would only say EAGAIN
@@ -302,10 +309,13 @@ class Service:
             _tag, count, drained, reply, taken = rpc.CONSUMED.unpack(record)
         if ctl.rs is None:
             raise OSError(errno.EBADF, "CONSUMED before OPEN")
-        try:
-            self.stack.consume(ctl.rs, count, bool(drained), taken)
-        except StackError as exc:
-            raise OSError(exc.code, "CONSUMED more than was pushed") from None
+        if not count:  # the reads are on the client's report page
+            self.stack.pull_reads(ctl.rs)
+        else:
+            try:
+                self.stack.consume(ctl.rs, count, bool(drained), taken)
+            except StackError as exc:
+                raise OSError(exc.code, "CONSUMED more than was pushed") from None
         if reply:
             rpc.send_parts(ctl.sock, [rpc.SEND_REP.pack(0, count, -1)], ctl.limit)
 
@@ -331,6 +341,9 @@ class Service:
             return
         self._settling = True
         try:
+            for other in self._controls.values():  # the reads clients counted on their report pages
+                if other.rs is not None and other.rs.pushed:
+                    self.stack.pull_reads(other.rs)
             # only connections that may hold notices, and of those only the readable ones: one poll()
             # for all of them rather than a recv each
             poller: select.poll | None = None

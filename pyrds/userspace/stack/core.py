@@ -9,6 +9,7 @@ received message, :meth:`Stack.acked` when a sent message is acked, congestion-m
 from __future__ import annotations
 
 import errno
+import functools
 import ipaddress
 import socket
 import time
@@ -81,6 +82,7 @@ class Stack:
         self._src_packed: tuple[IPAddress | None, bytes] = (None, b"")
         #: receivers of local deliveries made while a request is served (:meth:`hold_pushes`)
         self._held: dict[int, SockState] | None = None
+        self._pulling = False  # pull_reads runs (what it calls may look again: nothing new to take)
 
     # -- helpers
     def is_local(self, ip: IPAddress, scope_id: int = 0) -> bool:
@@ -163,10 +165,13 @@ class Stack:
         rs.cong_track = self.cong.generation.value
         self._next_id += 1
         self.socks[rs.sock_id] = rs
+        rs.pull = functools.partial(self.pull_reads, rs)
         return rs
 
     def close(self, rs: SockState) -> None:
         """rds_release: unbind, drop the receive queue, cancel queued sends, leave monitors."""
+        self.pull_reads(rs)  # what the client read before it closed counts as delivered
+        rs.pull = None
         rs.dead = True
         self.cong.forget(rs)
         big = rs.rcv_charge >= TRIM_AFTER_BYTES
@@ -622,6 +627,8 @@ class Stack:
         if rs.dead:
             self.counters["recv_drop_dead_sock"] += 1
             return True
+        if rs.push is not None:
+            self.pull_reads(rs)  # the queue's accounting as the client's reads left it
         if inc.rdma_key is not None:
             self.rdma_unuse(rs, inc.rdma_key)
         if inc.rdma_cookie:
@@ -705,15 +712,43 @@ class Stack:
         more than was pushed (nothing is changed)."""
         if not 0 < count <= rs.pushed:
             raise StackError(errno.EINVAL)
-        self.cong.look(rs)
-        for _ in range(count):
-            rs.consumed_charge += len(rs.recv_queue[0].payload) + RECV_MSG_OVERHEAD
-            self._dequeue(rs)
-        rs.pushed -= count
-        if rs.push is not None:
-            rs.push.unblock(count, rs.pushed)  # the client's reads made room in its channel
-        self.counters["recv_delivered"] += count
-        self.counters["copy_to_user"] += count
+        self._take_reads(rs, count, drained, ready_taken)
+
+    def pull_reads(self, rs: SockState) -> None:
+        """Take the reads the client's report page (rpc.REPORT_PAGE) shows since the last look, as a CONSUMED
+        notice of them would be. A read count that is not a number of pushed messages is ignored (the page is
+        the client's: one that writes nonsense only keeps its own queue full)."""
+        sink = rs.push
+        if sink is None or self._pulling:
+            return
+        read, taken = sink.reported()
+        count = read - rs.reads_seen
+        drained = taken != rs.taken_seen
+        if not 0 <= count <= rs.pushed:
+            count = 0
+        if not count and not drained:
+            return
+        self._pulling = True
+        try:
+            rs.reads_seen += count
+            rs.taken_seen = taken
+            self._take_reads(rs, count, drained, taken & 0xFFFFFFFF)
+        finally:
+            self._pulling = False
+
+    def _take_reads(self, rs: SockState, count: int, drained: bool, ready_taken: int | None) -> None:
+        """recvmsg's accounting for ``count`` messages the client read from its channel, then push what
+        waits; ``drained``: it emptied its readiness fd, ``ready_taken`` the bytes it ever took from it."""
+        if count:
+            self.cong.look(rs)
+            for _ in range(count):
+                rs.consumed_charge += len(rs.recv_queue[0].payload) + RECV_MSG_OVERHEAD
+                self._dequeue(rs)
+            rs.pushed -= count
+            if rs.push is not None:
+                rs.push.unblock(count, rs.pushed)  # the client's reads made room in its channel
+            self.counters["recv_delivered"] += count
+            self.counters["copy_to_user"] += count
         self.push_ready(rs)
         if drained:
             rs.resync_readiness(ready_taken)
@@ -741,7 +776,10 @@ class Stack:
     def receiver_full(self, daddr: IPAddress, dport: int) -> bool:
         """The socket bound at (``daddr``, ``dport``) holds a receive queue over its cap."""
         rs = self._bound_sock(daddr, dport)
-        return rs is not None and not rs.dead and rs.rcv_charge >= recv_cap(rs.rcvbuf)
+        if rs is None or rs.dead:
+            return False
+        self.pull_reads(rs)
+        return rs.rcv_charge >= recv_cap(rs.rcvbuf)
 
     def hold_reader(self, daddr: IPAddress, dport: int, key: int, resume: Callable[[], None]) -> bool:
         """A transport stops reading a connection because the socket bound at (``daddr``, ``dport``) is over

@@ -41,6 +41,7 @@ class PushSink(Protocol):
     def set_sync(self, flag: bool, sync_at: int = 0) -> None: ...
     def publish_counts(self, queued: int, served: int) -> None: ...
     def publish_send(self, released: int, released_empty: int, sndbuf: int, epoch: int) -> None: ...
+    def reported(self) -> tuple[int, int]: ...
     def close(self) -> None: ...
 
 
@@ -168,6 +169,11 @@ class SockState:
     send_waker: WakerSink | None = None
     #: how many messages at the head of ``recv_queue`` were pushed and not yet reported consumed
     pushed: int = 0
+    #: the client's report page as last taken (rpc.REPORT_PAGE): messages it read from the channel, bytes it
+    #: took from the readiness fd; ``pull`` takes what it says since (set by the stack; None: no page)
+    reads_seen: int = 0
+    taken_seen: int = 0
+    pull: Callable[[], None] | None = None
     #: messages the receive queue ever took, and those of them that left it by request (published to the
     #: client on its page: it then knows what the queue holds before its notices are taken)
     queued_total: int = 0
@@ -279,6 +285,15 @@ class SockState:
         r = self.readiness
         if r is None:
             return
+        if (
+            r.readable
+            and self.pull is not None
+            and (self.cong_notify or self.zcookies or self.rdma_notify or self.seen_congestion)
+        ):
+            # the client may have emptied the fd since (its reads are on its report page): take them first,
+            # or this new reason to be readable would find the fd "already" readable (a new message is
+            # delivered after a look, Stack.deliver)
+            self.pull()
         # called several times per message: the fd is only touched when a state changes. The tests are
         # inline (no method calls): has_input() or hist_pollin(), then not send_full()
         readable = bool(self.recv_queue or self.cong_notify or self.zcookies or self.rdma_notify) or (

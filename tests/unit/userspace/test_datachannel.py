@@ -67,8 +67,9 @@ def test_a_local_message_is_in_the_receivers_data_channel_and_recv_asks_nothing(
     assert _readable(b._data.fileno(), 2000), "the message was not pushed"
     sent = _requests(b)
     assert b.recvfrom(100) == (b"hello", a.getsockname())
-    # one packet: the CONSUMED notice; no RECV request
-    assert len(sent) == 1 and sent[0][1] == rpc.TAG_CONSUMED, sent
+    # nothing at all: no RECV request, and the read is counted on the report page, not sent as a notice
+    assert sent == []
+    assert rpc.REPORT_COUNTS.unpack_from(b._report, rpc.REPORT_READ_AT)[0] == 1
     # the readiness fd follows the queue at once: nothing left to read
     assert not _readable(b.fileno())
 
@@ -121,7 +122,7 @@ def test_the_shared_page_cannot_be_written_or_resized_by_the_client() -> None:
     service (whose writes would then fault), while the service's own mapping writes."""
     channel = DataChannel()
     try:
-        _data_fd, page_fd = channel.client_fds()
+        _data_fd, page_fd, _report_fd = channel.client_fds()
         with pytest.raises(PermissionError):
             mmap.mmap(page_fd, rpc.SHARED_PAGE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         with pytest.raises(PermissionError):

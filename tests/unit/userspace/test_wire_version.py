@@ -14,7 +14,7 @@ from pyrds.userspace import rpc
 from pyrds.userspace.config import DEFAULT_STACK_NAME
 
 #: (stack name, fingerprint) of the current wire format
-PINNED = ("pyrds-stack-v6", "8891d870a70a2595")
+PINNED = ("pyrds-stack-v7", "77e619d767c7ee8b")
 
 
 def wire_fingerprint() -> str:
