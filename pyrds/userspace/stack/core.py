@@ -82,7 +82,8 @@ class Stack:
         self._src_packed: tuple[IPAddress | None, bytes] = (None, b"")
         #: receivers of local deliveries made while a request is served (:meth:`hold_pushes`)
         self._held: dict[int, SockState] | None = None
-        self._pulling = False  # pull_reads runs (what it calls may look again: nothing new to take)
+        #: sockets whose report page pull_reads is taking (what it calls may look again: nothing new)
+        self._pulling: set[int] = set()
 
     # -- helpers
     def is_local(self, ip: IPAddress, scope_id: int = 0) -> bool:
@@ -719,7 +720,7 @@ class Stack:
         notice of them would be. A read count that is not a number of pushed messages is ignored (the page is
         the client's: one that writes nonsense only keeps its own queue full)."""
         sink = rs.push
-        if sink is None or self._pulling:
+        if sink is None or rs.sock_id in self._pulling:
             return
         read, taken = sink.reported()
         count = read - rs.reads_seen
@@ -728,13 +729,13 @@ class Stack:
             count = 0
         if not count and not drained:
             return
-        self._pulling = True
+        self._pulling.add(rs.sock_id)
         try:
             rs.reads_seen += count
             rs.taken_seen = taken
             self._take_reads(rs, count, drained, taken & 0xFFFFFFFF)
         finally:
-            self._pulling = False
+            self._pulling.discard(rs.sock_id)
 
     def _take_reads(self, rs: SockState, count: int, drained: bool, ready_taken: int | None) -> None:
         """recvmsg's accounting for ``count`` messages the client read from its channel, then push what
