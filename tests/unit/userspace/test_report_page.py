@@ -14,12 +14,14 @@ from collections.abc import Iterator
 import pytest
 
 from pyrds.constants import Transport
+from pyrds.testing.helpers import wait_for
 from pyrds.userspace import rpc
 from pyrds.userspace.client import RDSSocket
 from pyrds.userspace.service.datachannel import DataChannel
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.resources import RECV_MSG_OVERHEAD
 from pyrds.userspace.stack.sockstate import Incoming, SockState
+from tests.unit.userspace.test_datachannel import _requests
 
 LOCAL = ipaddress.ip_address("127.0.0.1")
 PEER = ipaddress.ip_address("10.9.9.9")
@@ -166,28 +168,13 @@ def test_the_client_sends_a_notice_while_the_page_asks_for_one() -> None:
         b.bind(("127.0.0.1", 0))
         a.sendto(b"hello", b.getsockname())
         a.sendto(b"again", b.getsockname())
-        deadline = 200
-        while rpc.PAGE_COUNT.unpack_from(b._page, rpc.PAGE_QUEUED_AT)[0] < 2 and deadline:
-            os.sched_yield()
-            deadline -= 1
+        assert wait_for(lambda: rpc.PAGE_COUNT.unpack_from(b._page, rpc.PAGE_QUEUED_AT)[0] >= 2, 5.0)
         # the service's page as it is now, with byte 1 set: as if the channel had been found full
         page = bytearray(b._page[: rpc.SHARED_PAGE])
         page[rpc.PAGE_NOTIFY_AT] = 1
         real, b._page = b._page, page  # type: ignore[assignment]
-        sent: list[bytes] = []
         ctl = b._ctl
-        assert ctl is not None
-        send = ctl.send
-
-        class Spy:
-            def __getattr__(self, name: str) -> object:
-                return getattr(ctl, name)
-
-            def send(self, data: bytes, *args: int) -> int:
-                sent.append(bytes(data))
-                return send(data, *args)
-
-        b._ctl = Spy()  # type: ignore[assignment]
+        sent = _requests(b)
         try:
             assert b.recv(100) == b"hello"
         finally:
