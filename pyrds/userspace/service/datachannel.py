@@ -51,9 +51,10 @@ _REPORT = rpc.REPORT_COUNTS
 
 
 def _shared_page(name: str = "pyrds-socket", seals: int = _SEALS) -> tuple[int, mmap.mmap]:
-    """A memfd the client may only read: sealed against resizing (a shrunk file would fault the service's
-    reads and writes) and, with the default ``seals``, against any new writable mapping (the service's own
-    stays writable)."""
+    """A one-page memfd, mapped read-write here and sealed with ``seals``: by default against resizing (a
+    shrunk file would fault the service's reads and writes) and against any new writable mapping, so the
+    client may only read it (the service's own mapping stays writable); the report page's seals leave out the
+    latter, so the client may write it."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, SHARED_SIZE)
