@@ -101,10 +101,18 @@ RECV_REP = struct.Struct("<iiHIBI")
 TAG_CONSUMED = 0x03
 CONSUMED = struct.Struct("<BIBBI")
 CONSUMED_V1 = struct.Struct("<BIBB")
-#: one pushed message on the data channel: data length, source port, scope id, len(packed saddr), tail
-#: (nothing else was readable when it was pushed), the packed source address (16 bytes, the first len used);
+#: one pushed message on the data channel: data length, source port, scope id, len(packed saddr), flags
+#: (:data:`PUSH_TAIL`, :data:`PUSH_BYTE_FOLLOWS`), the packed source address (16 bytes, the first len used);
 #: then the data
 PUSH_HDR = struct.Struct("<IHIBB16s")
+#: push flag: nothing else was readable when it was pushed (the tail of the queue)
+PUSH_TAIL = 0x01
+#: push flag: the readiness fd was empty and the service makes it readable for this message right after the
+#: push (a readable fd always gets its byte before a push, so this is the one byte a client that reads the
+#: message at once may find not there yet): a client that empties the fd after reading this tail waits for
+#: that byte and takes it, instead of leaving it to arrive after its read (a stale POLLIN: the next recv
+#: found the fd readable, the channel empty, and asked the service)
+PUSH_BYTE_FOLLOWS = 0x02
 #: size of the page a socket's service shares with the client: byte 0 = report reads synchronously; at
 #: :data:`PAGE_QUEUED_AT` how many messages the socket's receive queue ever took, at
 #: :data:`PAGE_SERVED_AT` how many of them left it by request (not from the data channel), each a

@@ -46,12 +46,17 @@ from pyrds.userspace.client.autostart import connect_stack
 #: waker (a service that gives none) it asks again every _CONG_POLL
 _CONG_WAKE_CAP = 0.1
 _CONG_POLL = 0.005
+#: the longest a read of a tail pushed with PUSH_BYTE_FOLLOWS waits for that readiness byte (the service sends
+#: it right after the push; a service that died closes the fd, which ends the wait at once)
+_BYTE_WAIT_MS = 200
 _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
 _POLLIN = select.POLLIN
 _SEND_REQ = rpc.SEND_REQ
 _RECV_REQ = rpc.RECV_REQ
 _PUSH_HDR = rpc.PUSH_HDR
+_PUSH_TAIL = rpc.PUSH_TAIL
+_PUSH_BYTE_FOLLOWS = rpc.PUSH_BYTE_FOLLOWS
 _PAGE_COUNT = rpc.PAGE_COUNT
 _HDR_SIZE = rpc.PUSH_HDR.size
 _CONSUMED = rpc.CONSUMED
@@ -346,14 +351,14 @@ class RDSSocket(RDSSocketBase):
             raise os_error(errno.EPIPE, "the pyrds stack service went away") from None
         if n < _HDR_SIZE:
             raise os_error(errno.EPIPE, "bad message from the pyrds stack service")
-        dlen, port, scope, alen, tail, raw = _PUSH_HDR.unpack_from(buf)
+        dlen, port, scope, alen, pflags, raw = _PUSH_HDR.unpack_from(buf)
         data = bytes(buf[_HDR_SIZE:n])  # the kernel cut a longer message at our size
         mflags = _MSG_TRUNC if dlen > bufsize else 0
         src = _source(raw[:alen], port, scope)
         if not peek:
             self._pushed_read += 1
             self._read_charge += dlen + rpc.PAGE_SYNC_MSG_COST
-            self._consumed(tail)
+            self._consumed(bool(pflags & _PUSH_TAIL), bool(pflags & _PUSH_BYTE_FOLLOWS))
         return data, [], mflags, src
 
     def _page_unread(self) -> tuple[int, int]:
@@ -365,9 +370,27 @@ class RDSSocket(RDSSocketBase):
         queued: int = _PAGE_COUNT.unpack_from(page, rpc.PAGE_QUEUED_AT)[0]
         return queued, queued - served - self._pushed_read
 
-    def _consumed(self, tail: bool) -> None:
+    def _drain_ready(self) -> int:
+        """Take every byte the readiness fd holds now (one stream read walks its whole receive queue)."""
+        got = total = 0
+        try:
+            while True:
+                got = len(self._ready.recv(4096, _MSG_DONTWAIT))
+                total += got
+                if got != 4096:
+                    break
+        except OSError:
+            pass
+        self._ready_taken += total
+        return total
+
+    def _consumed(self, tail: bool, byte_follows: bool = False) -> None:
         """Count a read on the report page; tell the service at once only when the page asks (a synchronous
-        report, or a notice while it holds messages the channel had no room for)."""
+        report, or a notice while it holds messages the channel had no room for). ``byte_follows``: the
+        service makes the (empty) readiness fd readable for this message just after the push
+        (rpc.PUSH_BYTE_FOLLOWS): when emptying it finds nothing, that byte is still on its way and is waited
+        for (at most :data:`_BYTE_WAIT_MS`), so that it does not arrive after this read as a POLLIN that no
+        message stands behind."""
         drained = sync = False
         page = self._page
         if tail:
@@ -377,16 +400,11 @@ class RDSSocket(RDSSocketBase):
             queued, unread = self._page_unread()
             if not unread:
                 drained = True
-                try:
-                    # one read takes every byte queued (a stream read walks the whole receive queue); the
-                    # service waited for each byte's delivery before it pushed anything after it
-                    while True:
-                        got = len(self._ready.recv(4096, _MSG_DONTWAIT))
-                        self._ready_taken += got
-                        if got != 4096:
-                            break
-                except OSError:
-                    pass
+                # the service waited for each byte's delivery before it pushed anything after it: only the
+                # byte of this very push may be missing, and the push said so
+                if not self._drain_ready() and byte_follows:
+                    if self._poll(self._ready.fileno(), _BYTE_WAIT_MS):
+                        self._drain_ready()
                 # a message queued while we emptied the fd: the stack re-arms it before our recv returns
                 sync = _PAGE_COUNT.unpack_from(page, rpc.PAGE_QUEUED_AT)[0] != queued
         _REPORT.pack_into(self._report, rpc.REPORT_READ_AT, self._pushed_read, self._ready_taken & _U64)

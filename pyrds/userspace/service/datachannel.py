@@ -2,10 +2,10 @@
 
 Each RDS socket of a client gets, besides its readiness fd, one end of an AF_UNIX ``SOCK_SEQPACKET`` pair.
 The service writes every received message the client may read without asking (:meth:`Stack.push_ready`) as
-one packet: :data:`pyrds.userspace.rpc.PUSH_HDR` (data length, source port, scope id, address length, a
-``tail`` flag, the packed source address), then the payload. The client's ``recv`` is then a local read of
-its end; it reports what it consumed with a ``CONSUMED`` record on the control connection, without waiting
-(the stack's receive accounting, congestion map and counters follow it).
+one packet: :data:`pyrds.userspace.rpc.PUSH_HDR` (data length, source port, scope id, address length, the
+flags ``PUSH_TAIL`` and ``PUSH_BYTE_FOLLOWS``, the packed source address), then the payload. The client's
+``recv`` is then a local read of its end; it reports what it consumed with a ``CONSUMED`` record on the
+control connection, without waiting (the stack's receive accounting, congestion map and counters follow it).
 
 The client's reads are reported asynchronously, except while they change what other sockets see at once
 (the kernel's recvmsg uncongests the port and wakes senders before it returns): while the socket's port is
@@ -41,6 +41,8 @@ WANT_SNDBUF = 3 << 20
 #: unix_dgram_sendmsg refuses len > sk_sndbuf - 32; the largest record we try is below that
 _MARGIN = 64
 _HDR = rpc.PUSH_HDR
+_TAIL = rpc.PUSH_TAIL
+_BYTE_FOLLOWS = rpc.PUSH_BYTE_FOLLOWS
 #: the shared page: byte 0 is 1 while the client must report its reads synchronously
 SHARED_SIZE = rpc.SHARED_PAGE
 _F_SEAL_FUTURE_WRITE = 0x0010  # linux/fcntl.h; not in the stdlib's fcntl
@@ -173,14 +175,17 @@ class DataChannel:
             rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_SNDBUF_AT, sndbuf)
             rpc.PAGE_COUNT.pack_into(self.page, rpc.PAGE_EPOCH_AT, epoch)
 
-    def push(self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool) -> bool:
+    def push(
+        self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool, byte_follows: bool = False
+    ) -> bool:
         """One message to the client; False when the channel has no room now (nothing was sent). Once the
         channel was found full, False without trying until :meth:`unblock` says the client read half of it
         (only a client read, which it reports, makes room: a full channel used to cost a failed sendmsg for
         every message delivered)."""
         if self.blocked:
             return False
-        head = _HDR.pack(len(payload), sport, scope_id, len(saddr), tail, saddr)
+        flags = (_TAIL if tail else 0) | (_BYTE_FOLLOWS if byte_follows else 0)
+        head = _HDR.pack(len(payload), sport, scope_id, len(saddr), flags, saddr)
         try:
             self.srv.sendmsg([head, payload], [], socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):

@@ -1,6 +1,6 @@
 """The stack service: one per network namespace, serving RDS sockets over AF_UNIX control connections.
 
-It binds the abstract socket ``\\0pyrds-stack-v7`` (``PYRDS_STACK_NAME`` overrides it) and serves until it
+It binds the abstract socket ``\\0pyrds-stack-v8`` (``PYRDS_STACK_NAME`` overrides it) and serves until it
 has been idle (no clients, no established RDS/TCP connection) for ``PYRDS_IDLE_EXIT`` seconds (default 5;
 negative = forever). The data path (binary SEND/RECV records) is served here; every other operation goes
 through the table in :mod:`pyrds.userspace.service.handlers`. :class:`Service` can also run embedded (e.g. in

@@ -686,10 +686,14 @@ class Stack:
             if len(inc.payload) > sink.max_payload:
                 return
             tail = rs.pushed + 1 == queued and not rs.hist_pollin()
+            # the update_readiness that follows every push_ready makes an empty fd readable for the tail: say
+            # so, so that a client that reads the message before that byte is there waits for it
+            ready = rs.readiness
+            byte_follows = tail and ready is not None and not ready.readable
             src = self._src_packed
             if src[0] is not inc.saddr:  # a connection's messages share one address object
                 src = self._src_packed = (inc.saddr, inc.saddr.packed)
-            if not sink.push(src[1], inc.sport, rs.scope_id, inc.payload, tail):
+            if not sink.push(src[1], inc.sport, rs.scope_id, inc.payload, tail, byte_follows):
                 return
             rs.pushed += 1
             self.counters["recv_pushed"] += 1
@@ -750,9 +754,11 @@ class Stack:
                 rs.push.unblock(count, rs.pushed)  # the client's reads made room in its channel
             self.counters["recv_delivered"] += count
             self.counters["copy_to_user"] += count
-        self.push_ready(rs)
         if drained:
+            # before the push: a queue that still holds input gets its byte first, so a client that reads
+            # the pushed tail at once finds the byte there when it empties the fd (PUSH_BYTE_FOLLOWS)
             rs.resync_readiness(ready_taken)
+        self.push_ready(rs)
         rs.update_readiness()
 
     def _dequeue(self, rs: SockState) -> Incoming:

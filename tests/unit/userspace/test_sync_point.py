@@ -24,7 +24,9 @@ class Sink:
         self.flag = False
         self.sync_at = 0
 
-    def push(self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool) -> bool:
+    def push(
+        self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool, byte_follows: bool = False
+    ) -> bool:
         return True
 
     def set_sync(self, flag: bool, sync_at: int = 0) -> None:

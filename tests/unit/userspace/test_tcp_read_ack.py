@@ -28,7 +28,9 @@ class Sink:
     def __init__(self) -> None:
         self.pushed: list[bytes] = []
 
-    def push(self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool) -> bool:
+    def push(
+        self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool, byte_follows: bool = False
+    ) -> bool:
         self.pushed.append(payload)
         return True
 

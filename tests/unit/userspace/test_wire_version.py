@@ -14,7 +14,7 @@ from pyrds.userspace import rpc
 from pyrds.userspace.config import DEFAULT_STACK_NAME
 
 #: (stack name, fingerprint) of the current wire format
-PINNED = ("pyrds-stack-v7", "77e619d767c7ee8b")
+PINNED = ("pyrds-stack-v8", "2e67f8387d0faea3")
 
 
 def wire_fingerprint() -> str:
