@@ -81,3 +81,30 @@ def veth_namespaces(prefix: str, addrs_a: list[str], addrs_b: list[str]) -> Iter
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
             netns.delete_netns(ns)
+
+
+class PageSink:
+    """A data channel (``stack.sockstate.PushSink``) that keeps what is pushed and whose report page the test
+    writes (``read``, ``taken``)."""
+
+    max_payload = 1 << 20
+
+    def __init__(self) -> None:
+        self.read = 0
+        self.taken = 0
+        self.pushed: list[bytes] = []
+
+    def push(
+        self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool, byte_follows: bool = False
+    ) -> bool:
+        self.pushed.append(payload)
+        return True
+
+    def reported(self) -> tuple[int, int]:
+        return self.read, self.taken
+
+    def set_sync(self, flag: bool, sync_at: int = 0) -> None: ...
+    def unblock(self, consumed: int, in_channel: int) -> None: ...
+    def publish_counts(self, queued: int, served: int) -> None: ...
+    def publish_send(self, released: int, released_empty: int, sndbuf: int, epoch: int) -> None: ...
+    def close(self) -> None: ...

@@ -24,25 +24,22 @@ from pyrds.userspace import rpc
 from pyrds.userspace.client import RDSSocket
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.sockstate import Incoming, SockState
+from tests.unit.userspace.fakes import PageSink
 
 LOCAL = ipaddress.ip_address("127.0.0.1")
 PEER = ipaddress.ip_address("10.9.9.9")
 
 
-class Log:
+class Log(PageSink):
     """A data channel and a readiness fd that record, in one list, what the stack does to them."""
 
-    max_payload = 1 << 20
-
     def __init__(self) -> None:
+        super().__init__()
         self.events: list[tuple[str, object]] = []
         self.room = 1 << 30
-        self.read = 0
-        self.taken = 0
         self.readable = False
         self.writable = True
 
-    # PushSink
     def push(
         self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool, byte_follows: bool = False
     ) -> bool:
@@ -51,14 +48,6 @@ class Log:
         self.room -= 1
         self.events.append(("push", (payload, tail, byte_follows)))
         return True
-
-    def reported(self) -> tuple[int, int]:
-        return self.read, self.taken
-
-    def set_sync(self, flag: bool, sync_at: int = 0) -> None: ...
-    def unblock(self, consumed: int, in_channel: int) -> None: ...
-    def publish_counts(self, queued: int, served: int) -> None: ...
-    def publish_send(self, released: int, released_empty: int, sndbuf: int, epoch: int) -> None: ...
 
     # ReadinessSink
     def set_readable(self, flag: bool) -> None:
@@ -72,8 +61,6 @@ class Log:
     def client_drained(self, readable: bool, client_taken: int | None = None) -> None:
         self.events.append(("readable", readable))
         self.readable = readable
-
-    def close(self) -> None: ...
 
 
 @pytest.fixture

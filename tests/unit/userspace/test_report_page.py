@@ -21,36 +21,11 @@ from pyrds.userspace.service.datachannel import DataChannel
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.resources import RECV_MSG_OVERHEAD
 from pyrds.userspace.stack.sockstate import Incoming, SockState
+from tests.unit.userspace.fakes import PageSink as Sink
 from tests.unit.userspace.test_datachannel import _requests
 
 LOCAL = ipaddress.ip_address("127.0.0.1")
 PEER = ipaddress.ip_address("10.9.9.9")
-
-
-class Sink:
-    """A data channel whose report page the test writes."""
-
-    max_payload = 1 << 20
-
-    def __init__(self) -> None:
-        self.read = 0
-        self.taken = 0
-        self.pushed: list[bytes] = []
-
-    def push(
-        self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool, byte_follows: bool = False
-    ) -> bool:
-        self.pushed.append(payload)
-        return True
-
-    def reported(self) -> tuple[int, int]:
-        return self.read, self.taken
-
-    def set_sync(self, flag: bool, sync_at: int = 0) -> None: ...
-    def unblock(self, consumed: int, in_channel: int) -> None: ...
-    def publish_counts(self, queued: int, served: int) -> None: ...
-    def publish_send(self, released: int, released_empty: int, sndbuf: int, epoch: int) -> None: ...
-    def close(self) -> None: ...
 
 
 class Ready:

@@ -12,36 +12,24 @@ from pyrds.userspace import rpc
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.resources import RECV_MSG_OVERHEAD, recv_cap
 from pyrds.userspace.stack.sockstate import Incoming, SockState
+from tests.unit.userspace.fakes import PageSink
 
 LOCAL = ipaddress.ip_address("127.0.0.1")
 PEER = ipaddress.ip_address("10.9.9.9")
 
 
-class Sink:
-    max_payload = 1 << 20
+class Sink(PageSink):
+    """Records the sync point the stack sets."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.flag = False
         self.sync_at = 0
-
-    def push(
-        self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool, byte_follows: bool = False
-    ) -> bool:
-        return True
 
     def set_sync(self, flag: bool, sync_at: int = 0) -> None:
         self.flag = flag
         if flag:
             self.sync_at = sync_at
-
-    def unblock(self, consumed: int, in_channel: int) -> None: ...
-    def publish_counts(self, queued: int, served: int) -> None: ...
-    def publish_send(self, released: int, released_empty: int, sndbuf: int, epoch: int) -> None: ...
-
-    def reported(self) -> tuple[int, int]:
-        return 0, 0
-
-    def close(self) -> None: ...
 
 
 def _receiver(rcvbuf: int) -> tuple[Stack, SockState, Sink]:

@@ -16,33 +16,11 @@ from pyrds.userspace.stack.sockstate import Incoming, ReadAck
 from pyrds.userspace.transports.tcp import path as tcp_path
 from pyrds.userspace.transports.tcp.path import R, TcpPath
 from pyrds.userspace.transports.tcp.sockopt import segments_out
+from tests.unit.userspace.fakes import PageSink as Sink
 from tests.unit.userspace.test_tcp_path_close import LADDR, FakeConn, peer_frames
 
 LOCAL = ipaddress.ip_address("127.0.0.1")
 PEER = ipaddress.ip_address("10.9.9.9")
-
-
-class Sink:
-    max_payload = 1 << 20
-
-    def __init__(self) -> None:
-        self.pushed: list[bytes] = []
-
-    def push(
-        self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool, byte_follows: bool = False
-    ) -> bool:
-        self.pushed.append(payload)
-        return True
-
-    def set_sync(self, flag: bool) -> None: ...
-    def unblock(self, consumed: int, in_channel: int) -> None: ...
-    def publish_counts(self, queued: int, served: int) -> None: ...
-    def publish_send(self, released: int, released_empty: int, sndbuf: int, epoch: int) -> None: ...
-
-    def reported(self) -> tuple[int, int]:
-        return 0, 0
-
-    def close(self) -> None: ...
 
 
 def _receiver() -> tuple[Stack, Sink, int]:
