@@ -11,9 +11,10 @@ from typing import NamedTuple
 from pyrds.constants import RDS_RECONNECT_MAX_DELAY_MS, RDS_RECONNECT_MIN_DELAY_MS, RDS_TCP_PORT
 
 #: the control protocol's version: bumped with every change of its records or shared page, so a client never
-#: talks to a running service of another format (v6: SEND's mode byte holds bits, SEND_WAITED; v5: SEND_REP
-#: grew a post grant; v4: received messages pushed to a data channel; v3: the values encoding replaced
-#: marshal). tests/unit/userspace/test_wire_version.py pins it to a fingerprint of rpc.py's formats.
+#: talks to a running service of another format (v8: PUSH_HDR's tail byte holds flags, PUSH_BYTE_FOLLOWS;
+#: v7: the report page; v6: SEND's mode byte holds bits, SEND_WAITED; v5: SEND_REP grew a post grant; v4:
+#: received messages pushed to a data channel; v3: the values encoding replaced marshal).
+#: tests/unit/userspace/test_wire_version.py pins it to a fingerprint of rpc.py's formats.
 DEFAULT_STACK_NAME = "pyrds-stack-v8"
 SOCK_MIN_SNDBUF = 4608  # 2 * (2048 + sizeof(struct sk_buff)) on x86_64
 SOCK_MIN_RCVBUF = 2304
