@@ -372,7 +372,7 @@ class RDSSocket(RDSSocketBase):
 
     def _drain_ready(self) -> int:
         """Take every byte the readiness fd holds now (one stream read walks its whole receive queue)."""
-        got = total = 0
+        total = 0
         try:
             while True:
                 got = len(self._ready.recv(4096, _MSG_DONTWAIT))

@@ -688,8 +688,7 @@ class Stack:
             tail = rs.pushed + 1 == queued and not rs.hist_pollin()
             # the update_readiness that follows every push_ready makes an empty fd readable for the tail: say
             # so, so that a client that reads the message before that byte is there waits for it
-            ready = rs.readiness
-            byte_follows = tail and ready is not None and not ready.readable
+            byte_follows = tail and rs.readiness is not None and not rs.readiness.readable
             src = self._src_packed
             if src[0] is not inc.saddr:  # a connection's messages share one address object
                 src = self._src_packed = (inc.saddr, inc.saddr.packed)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ipaddress
 import mmap
-import select
 import socket
 import threading
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from pyrds.userspace.client import RDSSocket
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.sockstate import Incoming, SockState
 from tests.unit.userspace.fakes import PageSink
+from tests.unit.userspace.test_datachannel import _readable
 
 LOCAL = ipaddress.ip_address("127.0.0.1")
 PEER = ipaddress.ip_address("10.9.9.9")
@@ -133,12 +133,6 @@ def _push(chan: socket.socket, payload: bytes, flags: int) -> None:
     chan.send(head + payload)
 
 
-def _readable(sock: socket.socket, timeout_ms: int) -> bool:
-    p = select.poll()
-    p.register(sock.fileno(), select.POLLIN)
-    return bool(p.poll(timeout_ms))
-
-
 @pytest.fixture
 def rigged() -> Iterator[tuple[RDSSocket, socket.socket, socket.socket]]:
     sock = RDSSocket()
@@ -164,7 +158,7 @@ def test_a_read_of_a_tail_whose_byte_follows_waits_for_it_and_takes_it(
     finally:
         later.join()
     # the byte arrived while recv waited and was taken: nothing readable is left behind the message
-    assert not _readable(sock._ready, 100)
+    assert not _readable(sock._ready.fileno(), 100)
     assert sock._ready_taken == 1
 
 
