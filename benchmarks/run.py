@@ -13,7 +13,10 @@ Render: ``python benchmarks/run.py --from-json results.json``  rewrites the repo
 ``--sections`` picks what is measured (stress, targets, fanin, many, mem, percall, floor, ib; default
 all); on the host, ``--merge`` keeps what --save-json already holds of the sections not measured this
 time, e.g. ``python benchmarks/run.py --kernel 7.3 --sections fanin,many,mem --merge``. ``--only``
-(scenario label substring) narrows every section.
+(scenario label substring) narrows every section. The report is always rendered whole from the saved
+results: a remark on a section goes in with ``--note`` or into that section's ``note`` field of the
+results file, never into the markdown by hand (the next run would drop it;
+tests/unit/test_benchmarks_report_sync.py checks the committed pair).
 
 Each stress cell is ``pyrds stress`` (active side in one netns, ``--passive --once`` in the other; for the
 stdlib row the same stress code with stdlib sockets, benchmarks/stdlib_stress.py) or the plain TCP baseline
