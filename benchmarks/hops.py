@@ -37,8 +37,9 @@ PY = sys.executable
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _proc(pid: int) -> tuple[float, int, int, str] | None:
-    """(CPU seconds, voluntary, involuntary context switches, short name) of ``pid``; None when gone."""
+def _proc(pid: int) -> tuple[float, float, int, int, str] | None:
+    """(CPU seconds, of them in the kernel, voluntary, involuntary context switches, short name) of ``pid``;
+    None when gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -55,20 +56,21 @@ def _proc(pid: int) -> tuple[float, int, int, str] | None:
         "passive" if "--passive" in words else "active"
     )
     cpu = (int(stat[11]) + int(stat[12])) / TICK
-    return cpu, sw.get("voluntary_ctxt_switches", 0), sw.get("nonvoluntary_ctxt_switches", 0), name
+    system = int(stat[12]) / TICK
+    return cpu, system, sw.get("voluntary_ctxt_switches", 0), sw.get("nonvoluntary_ctxt_switches", 0), name
 
 
-def _machine() -> tuple[float, float]:
-    """(busy, idle) seconds of all CPUs (/proc/stat)."""
+def _machine() -> tuple[float, float, float]:
+    """(busy, idle, of busy the kernel's: system, irq, softirq) seconds of all CPUs (/proc/stat)."""
     f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = f[3] + f[4]
-    return (sum(f[:8]) - idle) / TICK, idle / TICK
+    return (sum(f[:8]) - idle) / TICK, idle / TICK, (f[2] + f[5] + f[6]) / TICK
 
 
 def _sample(nodes: tuple[Node, Node]) -> dict[str, Any]:
     from pyrds.netns import netns_pids
 
-    procs: dict[str, tuple[float, int, int, str]] = {}
+    procs: dict[str, tuple[float, float, int, int, str]] = {}
     for n in nodes:
         for pid in netns_pids(n.ns):
             got = _proc(pid)
@@ -133,13 +135,14 @@ def cell(
     except (ValueError, IndexError):
         return {"scenario": label, "error": "no result"}
     rows = []
-    for key, (cpu1, v1, n1, name) in sorted(s1["procs"].items()):
+    for key, (cpu1, sys1, v1, n1, name) in sorted(s1["procs"].items()):
         if key not in s0["procs"]:
             continue
-        cpu0, v0, n0, _ = s0["procs"][key]
+        cpu0, sys0, v0, n0, _ = s0["procs"][key]
         rows.append({
             "proc": f"{key.split(':')[0]}/{name}",
             "cpu_us_per_msg": round((cpu1 - cpu0) / msgs * 1e6, 1),
+            "sys_us_per_msg": round((sys1 - sys0) / msgs * 1e6, 1),
             "vol_cs_per_msg": round((v1 - v0) / msgs, 2),
             "invol_cs_per_msg": round((n1 - n0) / msgs, 2),
         })
@@ -153,6 +156,7 @@ def cell(
         "p50_us": doc["rtt_us"]["p50"] if doc.get("rtt_us") else None,
         "machine_busy_us_per_msg": round(busy / msgs * 1e6, 1),
         "machine_idle_us_per_msg": round(idle / msgs * 1e6, 1),
+        "machine_kernel_us_per_msg": round((s1["machine"][2] - s0["machine"][2]) / msgs * 1e6, 1),
         "procs": rows,
     }
 
