@@ -38,6 +38,28 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return src
 
 
+def _meets_build_requires() -> bool:
+    """This environment has what pyproject.toml's build-system asks (setuptools>=68) and can make a wheel
+    with it (bdist_wheel: in setuptools since 70.1, before that in the ``wheel`` package). A pyenv Python
+    with setuptools 65 and no ``wheel`` does not: a build without isolation there failed with "invalid
+    command 'bdist_wheel'"."""
+    from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
+
+    try:
+        parts = version("setuptools").split(".")
+        have = (int(parts[0]), int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0)
+    except (PackageNotFoundError, ValueError):
+        return False
+    return have >= (68, 0) and (have >= (70, 1) or find_spec("wheel") is not None)
+
+
+def _build_isolation() -> list[str]:
+    """Build with what is installed when it meets the build requirements (tox's environments do, and need
+    no index then); otherwise let pip make an isolated build environment from them."""
+    return ["--no-build-isolation"] if _meets_build_requires() else []
+
+
 @pytest.fixture(scope="module")
 def wheel_names(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     out = tmp_path_factory.mktemp("wheel")
@@ -49,7 +71,7 @@ def wheel_names(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> list[st
             "wheel",
             "-q",
             "--no-deps",
-            "--no-build-isolation",
+            *_build_isolation(),
             "-w",
             str(out),
             str(tree),
