@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tests.unit.benchlib import bench_modules
 
@@ -21,12 +22,21 @@ def _without_chart_line(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if not ln.startswith("![chart]")]
 
 
-def test_committed_report_is_the_rendering_of_committed_results(tmp_path: Path) -> None:
-    with bench_modules(["report"], []) as mods:
-        data = json.loads((ROOT / "benchmarks" / "results.json").read_text())
-        out = tmp_path / "benchmarks.md"
+def _committed_results() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((ROOT / "benchmarks" / "results.json").read_text())
+    return data
+
+
+def _render(data: dict[str, Any], tmp_path: Path) -> str:
+    """The report benchmarks/report.py writes for ``data`` (its chart into ``tmp_path``)."""
+    out = tmp_path / "benchmarks.md"
+    with bench_modules(["report"]) as mods:
         mods["report"].write_report(data, out, tmp_path / "benchmarks.png")
-    rendered = _without_chart_line(out.read_text())
+    return out.read_text()
+
+
+def test_committed_report_is_the_rendering_of_committed_results(tmp_path: Path) -> None:
+    rendered = _without_chart_line(_render(_committed_results(), tmp_path))
     committed = _without_chart_line((ROOT / "docs" / "benchmarks.md").read_text())
     differing = [
         (i + 1, want, got)
@@ -41,11 +51,8 @@ def test_committed_report_is_the_rendering_of_committed_results(tmp_path: Path) 
 
 def test_a_note_in_the_results_reaches_the_report(tmp_path: Path) -> None:
     """The render shows each section's own note (the field this test tells people to use)."""
-    with bench_modules(["report"], []) as mods:
-        data = json.loads((ROOT / "benchmarks" / "results.json").read_text())
-        data["floor"]["note"] = "a remark only the floor section has"
-        out = tmp_path / "benchmarks.md"
-        mods["report"].write_report(data, out, tmp_path / "benchmarks.png")
-    text = out.read_text()
+    data = _committed_results()
+    data["floor"]["note"] = "a remark only the floor section has"
+    text = _render(data, tmp_path)
     floor = text.split("## Floor", 1)[1].split("\n## ", 1)[0]
     assert "**Note:** a remark only the floor section has" in floor
