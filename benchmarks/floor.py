@@ -10,22 +10,29 @@ guest boot, request/response between two namespaces joined by a veth pair, each 
 - ``relay``: the same loop over an AF_UNIX SOCK_SEQPACKET to a minimal relay process per namespace, the relays
   joined by one TCP connection (a 4-byte length per message, TCP_NODELAY): the process structure of the
   userspace stack with none of its work (no RDS header, sequence, ack, accounting, readiness fd);
+- ``relay-c``: the same relay compiled from benchmarks/relay.c (same wire, same flow control), when a C
+  compiler is there: the structure with compiled middle processes, what a service written in C starts from;
 - ``userspace``: the same loop on ``pyrds.socket("userspace")``.
 
-``relay / kernel`` is the ceiling of any stack built this way on this machine; ``userspace / relay`` is how
-much of it pyrds keeps. Guest only (root, AF_RDS, rds_tcp):
+``relay / kernel`` is the ceiling of any stack built this way in Python on this machine (``relay-c /
+kernel`` with the two middle processes compiled); ``userspace / relay`` is how much of it pyrds keeps. Guest
+only (root, AF_RDS, rds_tcp):
 ``python benchmarks/floor.py [--size 1024] [-T 4] [--repeat 3]``; the last line is ``PYRDS-FLOOR-JSON``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import selectors
+import shutil
 import socket
 import struct
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,6 +107,28 @@ def _rds_socket(kind: str, addr: str) -> Any:
         s = pyrds.socket("userspace")
     s.bind((addr, RDS_PORT))
     return s
+
+
+def relay_c_binary() -> str | None:
+    """benchmarks/relay.c compiled once per source text (``cc -O2``, in the temporary directory); None, with
+    a line on stderr, when no C compiler is there or it fails (the ``relay-c`` rows are then missing, never
+    made up)."""
+    src = HERE / "relay.c"
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        print("[floor] relay-c: no C compiler (cc); its rows are not measured", file=sys.stderr, flush=True)
+        return None
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+    out = Path(tempfile.gettempdir()) / f"pyrds-floor-relay-{os.getuid()}-{digest}"
+    if out.exists():
+        return str(out)
+    tmp = out.with_name(out.name + f".{os.getpid()}")
+    res = subprocess.run([cc, "-O2", "-o", str(tmp), str(src)], capture_output=True, text=True)
+    if res.returncode:
+        print(f"[floor] relay-c: {cc} failed: {res.stderr.strip()}", file=sys.stderr, flush=True)
+        return None
+    os.replace(tmp, out)
+    return str(out)
 
 
 def _relay_client(tag: str) -> socket.socket:
@@ -251,17 +280,15 @@ def _deliver(client: socket.socket, backlog: list[bytes]) -> None:
 
 
 # -- the driver
-KINDS = ("kernel", "relay", "userspace")
+KINDS = ("kernel", "relay", "relay-c", "userspace")
 #: (mode, message size): issue 10's two userspace targets
 CELLS = (("rr", 1024), ("oneway", 65536))
 
 
-def _spawn(node: Node, *args: str) -> Any:
-    import subprocess
-
-    return node.popen(
-        [sys.executable, str(Path(__file__).resolve()), *args], stdout=subprocess.PIPE, text=True
-    )
+def _spawn(node: Node, *args: str, binary: str | None = None) -> Any:
+    """This script with ``args`` in ``node`` (or ``binary`` with them: the compiled relay)."""
+    cmd = [binary] if binary else [sys.executable, str(Path(__file__).resolve())]
+    return node.popen([*cmd, *args], stdout=subprocess.PIPE, text=True)
 
 
 def _ready(p: Any) -> None:
@@ -276,14 +303,26 @@ def _stop(*procs: Any) -> None:
         p.wait()
 
 
-def run_cell(kind: str, mode: str, a: Node, b: Node, size: int, seconds: float) -> float:
-    """One cell: the measuring end (requester, or receiver for one-way) reports its rate."""
+def run_cell(
+    kind: str, mode: str, a: Node, b: Node, size: int, seconds: float, relay_c: str | None = None
+) -> float:
+    """One cell: the measuring end (requester, or receiver for one-way) reports its rate. ``relay_c``: the
+    compiled relay (:func:`relay_c_binary`), for kind ``relay-c``."""
     relays: list[Any] = []
-    if kind == "relay":
-        relays.append(_spawn(b, "relay", "b", "listen", "-"))
+    if kind in ("relay", "relay-c"):
+        if kind == "relay-c":
+            if relay_c is None:
+                raise ValueError("relay-c needs the compiled relay")
+            port = str(RELAY_TCP_PORT)
+            relays.append(_spawn(b, "b", "listen", "-", port, binary=relay_c))
+            _ready(relays[-1])
+            relays.append(_spawn(a, "a", "connect", b.addr, port, binary=relay_c))
+        else:
+            relays.append(_spawn(b, "relay", "b", "listen", "-"))
+            _ready(relays[-1])
+            relays.append(_spawn(a, "relay", "a", "connect", b.addr))
         _ready(relays[-1])
-        relays.append(_spawn(a, "relay", "a", "connect", b.addr))
-        _ready(relays[-1])
+        kind = "relay"  # the ends are the same relay clients
         at_a, at_b = "a", "b"
     else:
         at_a, at_b = a.addr, b.addr
@@ -313,6 +352,8 @@ def measure(seconds: float, repeat: int, kinds: Sequence[str] = KINDS) -> list[d
     """Every cell of CELLS for every kind, alternating, ``repeat`` times, in one namespace pair of its own
     (the stacks dial each other on USERSPACE_PORT; no nftables redirect, which topology.userspace_node adds
     for mixed pairs: the kernel's RDS/TCP keeps 16385 to itself here)."""
+    relay_c = relay_c_binary() if "relay-c" in kinds else None
+    kinds = [k for k in kinds if k != "relay-c" or relay_c is not None]
     a, b = make_pair("fl", "10.97.0")
     for node in (a, b):
         node.env.update({"PYRDS_TCP_PORT": str(USERSPACE_PORT), "PYRDS_TCP_PEER_PORT": str(USERSPACE_PORT)})
@@ -321,7 +362,7 @@ def measure(seconds: float, repeat: int, kinds: Sequence[str] = KINDS) -> list[d
         for rep in range(repeat):
             for mode, size in CELLS:
                 for kind in kinds:
-                    rate = run_cell(kind, mode, a, b, size, seconds)
+                    rate = run_cell(kind, mode, a, b, size, seconds, relay_c)
                     rows.append(
                         {"kind": kind, "mode": mode, "size": size, "rep": rep, "msgs_per_s": round(rate, 1)}
                     )
@@ -365,6 +406,9 @@ def main() -> None:
             line += (
                 f"; relay/kernel {r / k:.2f}x, userspace/kernel {u / k:.2f}x, userspace/relay {u / r:.2f}x"
             )
+        if {"kernel", "relay-c", "userspace"} <= rates.keys():
+            k, c, u = rates["kernel"], rates["relay-c"], rates["userspace"]
+            line += f"; relay-c/kernel {c / k:.2f}x, userspace/relay-c {u / c:.2f}x"
         print(line, flush=True)
     print("PYRDS-FLOOR-JSON " + json.dumps({"rows": rows, "kernel": os.uname().release}), flush=True)
 

@@ -373,19 +373,36 @@ def _floor_section(sec: dict[str, Any] | None) -> list[str]:
         f"{sec.get('repeat', '?')} alternating runs of {sec.get('seconds', '?'):g} s per cell.",
         "Receivers here read whole messages; the stress tables' one-way receivers (`pyrds stress",
         "--passive`) read at most 4 KiB of each, which spares every row there the copy of a large message.",
+    ]
+    rows = sec.get("rows") or []
+    compiled = any(r["kind"] == "relay-c" for r in rows)
+    if compiled:
+        out += [
+            "`relay-c` is the same relay compiled from benchmarks/relay.c (same wire, same flow control):",
+            "the structure with its two middle processes free of the interpreter, where a service in C would",
+            "start from.",
+        ]
+    out += [
         "",
-        "| cell | kernel msgs/s | relay msgs/s | userspace msgs/s | relay / kernel | userspace / kernel |"
-        " userspace / relay |",
-        "|---|---|---|---|---|---|---|",
+        "| cell | kernel msgs/s | relay msgs/s | "
+        + ("relay-c msgs/s | " if compiled else "")
+        + "userspace msgs/s | relay / kernel | "
+        + ("relay-c / kernel | " if compiled else "")
+        + "userspace / kernel | userspace / relay |"
+        + (" userspace / relay-c |" if compiled else ""),
+        "|---|---|---|---|---|---|---|" + ("---|---|---|" if compiled else ""),
     ]
     best: dict[tuple[str, int], dict[str, float]] = {}
-    for r in sec.get("rows") or []:
+    for r in rows:
         cell = best.setdefault((r["mode"], r["size"]), {})
         cell[r["kind"]] = max(cell.get(r["kind"], 0.0), r.get("msgs_per_s") or 0.0)
     for (mode, size), rates in best.items():
         k, rl, u = rates.get("kernel"), rates.get("relay"), rates.get("userspace")
+        c = rates.get("relay-c")
         name = ("request/response" if mode == "rr" else "one-way") + f" {_size(size)}"
-        cells = [name, _fmt(k), _fmt(rl), _fmt(u), _ratio(rl, k), _ratio(u, k), _ratio(u, rl)]
+        cells = [name, _fmt(k), _fmt(rl), *([_fmt(c)] if compiled else []), _fmt(u), _ratio(rl, k)]
+        cells += [*([_ratio(c, k)] if compiled else []), _ratio(u, k), _ratio(u, rl)]
+        cells += [_ratio(u, c)] if compiled else []
         out.append("| " + " | ".join(cells) + " |")
     return out + [""]
 

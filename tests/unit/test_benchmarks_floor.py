@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import subprocess
 import threading
 import time
 import uuid
@@ -29,21 +30,55 @@ def test_relay_carries_messages_whole_and_in_order_both_ways(monkeypatch: pytest
         names = (tag + "b", tag + "a")
         for name, listen in zip(names, (True, False), strict=True):
             threading.Thread(target=floor.cmd_relay, args=(name, listen, "127.0.0.1"), daemon=True).start()
-        b = _connect(floor, names[0])
-        a = _connect(floor, names[1])
-        sizes = [0, 1, 4, 1024, 65536, 200 * 1024, 7, 0, 3000] * 20
+        _exchange_both_ways(_connect(floor, names[1]), _connect(floor, names[0]))
+
+
+def test_compiled_relay_carries_messages_whole_and_in_order_both_ways() -> None:
+    """benchmarks/relay.c, built by floor.relay_c_binary, under the same traffic as the Python relay: two
+    relay processes in this namespace (unique port and unix names), sizes 0 to 200 KiB both ways, each whole
+    and in order, the receiver reading only after everything was sent (flow control on the way)."""
+    with bench_modules(["floor"], ["topology"]) as mods:
+        floor = mods["floor"]
+        binary = floor.relay_c_binary()
+        if binary is None:
+            pytest.skip("no C compiler: floor.py measures no relay-c rows here either")
+        tag = uuid.uuid4().hex[:8]
+        port = str(20000 + (int(tag[:4], 16) + 7919) % 20000)
+        names = (tag + "b", tag + "a")
+        procs = [
+            subprocess.Popen([binary, names[0], "listen", "-", port], stdout=subprocess.PIPE, text=True),
+        ]
         try:
-            for sender, receiver in ((a, b), (b, a)):
-                sent = [struct.pack("!I", i) + bytes([i % 251]) * max(0, n - 4) for i, n in enumerate(sizes)]
-                feeder = threading.Thread(target=lambda s=sender, m=sent: [s.send(x) for x in m])
-                feeder.start()
-                time.sleep(0.2)
-                got = [receiver.recv(1 << 18) for _ in sent]
-                feeder.join(10)
-                assert got == sent
+            assert procs[0].stdout is not None and procs[0].stdout.readline().strip() == "ready"
+            procs.append(
+                subprocess.Popen([binary, names[1], "connect", "127.0.0.1", port], stdout=subprocess.PIPE)
+            )
+            _exchange_both_ways(_connect(floor, names[1]), _connect(floor, names[0]))
+            for p in procs:  # a client gone: the relay exits by itself
+                assert p.wait(10) == 0
         finally:
-            a.close()
-            b.close()
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+
+def _exchange_both_ways(a: socket.socket, b: socket.socket) -> None:
+    """Sizes from 0 to 200 KiB from a to b, then from b to a: each one whole, in order, the receiver
+    reading only after everything was sent (so the relays' flow control is on the way). Closes both."""
+    sizes = [0, 1, 4, 1024, 65536, 200 * 1024, 7, 0, 3000] * 20
+    try:
+        for sender, receiver in ((a, b), (b, a)):
+            sent = [struct.pack("!I", i) + bytes([i % 251]) * max(0, n - 4) for i, n in enumerate(sizes)]
+            feeder = threading.Thread(target=lambda s=sender, m=sent: [s.send(x) for x in m])
+            feeder.start()
+            time.sleep(0.2)
+            got = [receiver.recv(1 << 18) for _ in sent]
+            feeder.join(10)
+            assert got == sent
+    finally:
+        a.close()
+        b.close()
 
 
 def _connect(floor: Any, name: str) -> socket.socket:
@@ -77,7 +112,21 @@ def test_report_floor_section_ratios(tmp_path: Path) -> None:
         )
         assert "| request/response 1 KiB | 1,600 | 320 | 160 | 0.20x | 0.10x | 0.50x |" in text
         assert "| one-way 64 KiB | 650 | 585 | 130 | 0.90x | 0.20x | 0.22x |" in text
+        assert "relay-c" not in text  # no compiled relay measured: the table of before
         assert "Not measured" in "\n".join(report._floor_section(None))
+        rows += [
+            {"kind": "relay-c", "mode": "rr", "size": 1024, "rep": 0, "msgs_per_s": 800.0},
+            {"kind": "relay-c", "mode": "oneway", "size": 65536, "rep": 0, "msgs_per_s": 620.0},
+        ]
+        sec = {"date": "d", "machine": "m", "repeat": 2, "seconds": 4.0, "rows": rows}
+        lines = report._floor_section(sec)
+        head = next(line for line in lines if line.startswith("| cell |"))
+        assert head.count("|") == 11 and "| relay-c msgs/s |" in head
+        assert head.endswith("userspace / relay-c |")
+        rr = "| request/response 1 KiB | 1,600 | 320 | 800 | 160 | 0.20x | 0.50x | 0.10x | 0.50x | 0.20x |"
+        assert rr in lines
+        assert "| one-way 64 KiB | 650 | 585 | 620 | 130 | 0.90x | 0.95x | 0.20x | 0.22x | 0.21x |" in lines
+        assert lines[lines.index(head) + 1].count("|") == 11
 
 
 def test_merge_keeps_the_floor_when_not_measured(tmp_path: Path) -> None:
