@@ -369,7 +369,8 @@ def _floor_section(sec: dict[str, Any] | None) -> list[str]:
         "the two relays joined by one TCP connection (a 4-byte length per message): the userspace stack's",
         "process structure with none of its work (no RDS header, sequence, ack, accounting, readiness fd);",
         '`userspace` is the same loop on `pyrds.socket("userspace")`. relay / kernel is the ceiling of any',
-        "stack built this way on this machine; userspace / relay is how much of it pyrds keeps. Best of "
+        "stack built this way in Python on this machine; userspace / relay is how much of it pyrds keeps."
+        " Best of "
         f"{sec.get('repeat', '?')} alternating runs of {sec.get('seconds', '?'):g} s per cell.",
         "Receivers here read whole messages; the stress tables' one-way receivers (`pyrds stress",
         "--passive`) read at most 4 KiB of each, which spares every row there the copy of a large message.",
