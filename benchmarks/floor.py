@@ -23,7 +23,7 @@ only (root, AF_RDS, rds_tcp):
 from __future__ import annotations
 
 import argparse
-import hashlib
+import atexit
 import json
 import os
 import selectors
@@ -110,25 +110,29 @@ def _rds_socket(kind: str, addr: str) -> Any:
 
 
 def relay_c_binary() -> str | None:
-    """benchmarks/relay.c compiled once per source text (``cc -O2``, in the temporary directory); None, with
-    a line on stderr, when no C compiler is there or it fails (the ``relay-c`` rows are then missing, never
-    made up)."""
-    src = HERE / "relay.c"
+    """benchmarks/relay.c compiled (``cc -O2``) into a private temporary directory made for this process
+    (mode 0700: nothing another local user placed in /tmp is ever run), once per process, removed at exit;
+    None, with a line on stderr, when no C compiler is there or it fails (the ``relay-c`` rows are then
+    missing, never made up)."""
+    global _relay_c
+    if _relay_c is not None:
+        return _relay_c
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         print("[floor] relay-c: no C compiler (cc); its rows are not measured", file=sys.stderr, flush=True)
         return None
-    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
-    out = Path(tempfile.gettempdir()) / f"pyrds-floor-relay-{os.getuid()}-{digest}"
-    if out.exists():
-        return str(out)
-    tmp = out.with_name(out.name + f".{os.getpid()}")
-    res = subprocess.run([cc, "-O2", "-o", str(tmp), str(src)], capture_output=True, text=True)
+    work = tempfile.mkdtemp(prefix="pyrds-floor-relay-")
+    atexit.register(shutil.rmtree, work, True)
+    out = os.path.join(work, "relay")
+    res = subprocess.run([cc, "-O2", "-o", out, str(HERE / "relay.c")], capture_output=True, text=True)
     if res.returncode:
         print(f"[floor] relay-c: {cc} failed: {res.stderr.strip()}", file=sys.stderr, flush=True)
         return None
-    os.replace(tmp, out)
-    return str(out)
+    _relay_c = out
+    return out
+
+
+_relay_c: str | None = None
 
 
 def _relay_client(tag: str) -> socket.socket:

@@ -42,6 +42,9 @@ def test_compiled_relay_carries_messages_whole_and_in_order_both_ways() -> None:
         binary = floor.relay_c_binary()
         if binary is None:
             pytest.skip("no C compiler: floor.py measures no relay-c rows here either")
+        home = os.stat(os.path.dirname(binary))  # never a path in /tmp another user could have placed
+        assert home.st_uid == os.getuid() and home.st_mode & 0o077 == 0
+        assert floor.relay_c_binary() == binary  # built once per process
         tag = uuid.uuid4().hex[:8]
         port = str(20000 + (int(tag[:4], 16) + 7919) % 20000)
         names = (tag + "b", tag + "a")
