@@ -165,17 +165,19 @@ def cmd_end(kind: str, role: str, addr: str, peer: str, size: int, seconds: floa
         pass  # the other end was stopped
 
 
-def cmd_relay(tag: str, listen: bool, peer: str) -> None:
-    """One client (AF_UNIX SOCK_SEQPACKET) <-> one TCP connection to the other namespace's relay, with
-    flow control both ways (a full TCP send buffer stops reading the client; a client that does not read
-    stops reading TCP)."""
+def cmd_relay(tag: str, listen: bool, peer: str, port: int | None = None) -> None:
+    """One client (AF_UNIX SOCK_SEQPACKET) <-> one TCP connection to the other namespace's relay on ``port``
+    (default :data:`RELAY_TCP_PORT`), with flow control both ways (a full TCP send buffer stops reading the
+    client; a client that does not read stops reading TCP). benchmarks/relay.c takes the same arguments."""
+    if port is None:
+        port = RELAY_TCP_PORT
     lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     lst.bind(_unix_name(tag))
     lst.listen(1)
     if listen:
         tl = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         tl.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        tl.bind(("0.0.0.0", RELAY_TCP_PORT))
+        tl.bind(("0.0.0.0", port))
         tl.listen(1)
         print("ready", flush=True)
         tcp, _ = tl.accept()
@@ -183,7 +185,7 @@ def cmd_relay(tag: str, listen: bool, peer: str) -> None:
         deadline = time.monotonic() + 10
         while True:  # the listening relay may still be starting
             try:
-                tcp = socket.create_connection((peer, RELAY_TCP_PORT))
+                tcp = socket.create_connection((peer, port))
                 break
             except ConnectionRefusedError:
                 if time.monotonic() > deadline:
@@ -314,18 +316,14 @@ def run_cell(
     compiled relay (:func:`relay_c_binary`), for kind ``relay-c``."""
     relays: list[Any] = []
     if kind in ("relay", "relay-c"):
-        if kind == "relay-c":
-            if relay_c is None:
-                raise ValueError("relay-c needs the compiled relay")
-            port = str(RELAY_TCP_PORT)
-            relays.append(_spawn(b, "b", "listen", "-", port, binary=relay_c))
-            _ready(relays[-1])
-            relays.append(_spawn(a, "a", "connect", b.addr, port, binary=relay_c))
-        else:
-            relays.append(_spawn(b, "relay", "b", "listen", "-"))
-            _ready(relays[-1])
-            relays.append(_spawn(a, "relay", "a", "connect", b.addr))
-        _ready(relays[-1])
+        compiled = kind == "relay-c"
+        if compiled and relay_c is None:
+            raise ValueError("relay-c needs the compiled relay")
+        lead = () if compiled else ("relay",)  # this script's subcommand; relay.c takes the rest as it is
+        port = str(RELAY_TCP_PORT)
+        for node, tag, role, peer in ((b, "b", "listen", "-"), (a, "a", "connect", b.addr)):
+            relays.append(_spawn(node, *lead, tag, role, peer, port, binary=relay_c if compiled else None))
+            _ready(relays[-1])  # the listener first: the other one dials it
         kind = "relay"  # the ends are the same relay clients
         at_a, at_b = "a", "b"
     else:
@@ -392,7 +390,8 @@ def best(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, floa
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("end", "relay"):
         if sys.argv[1] == "relay":
-            cmd_relay(sys.argv[2], sys.argv[3] == "listen", sys.argv[4])
+            port = int(sys.argv[5]) if len(sys.argv) > 5 else None
+            cmd_relay(sys.argv[2], sys.argv[3] == "listen", sys.argv[4], port)
         else:
             kind, role, addr, peer, size, seconds = sys.argv[2:8]
             cmd_end(kind, role, addr, peer, int(size), float(seconds))

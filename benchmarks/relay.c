@@ -36,7 +36,7 @@ static size_t out_off, out_len;
 static char inbuf[IN_CAP];
 static size_t in_off, in_len;
 
-static int die(const char *what) {
+static _Noreturn void die(const char *what) {
     perror(what);
     exit(2);
 }

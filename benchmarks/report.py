@@ -383,27 +383,19 @@ def _floor_section(sec: dict[str, Any] | None) -> list[str]:
             "the structure with its two middle processes free of the interpreter, where a service in C would",
             "start from.",
         ]
-    out += [
-        "",
-        "| cell | kernel msgs/s | relay msgs/s | "
-        + ("relay-c msgs/s | " if compiled else "")
-        + "userspace msgs/s | relay / kernel | "
-        + ("relay-c / kernel | " if compiled else "")
-        + "userspace / kernel | userspace / relay |"
-        + (" userspace / relay-c |" if compiled else ""),
-        "|---|---|---|---|---|---|---|" + ("---|---|---|" if compiled else ""),
-    ]
+    kinds = ["kernel", "relay", *(["relay-c"] if compiled else []), "userspace"]
+    ratios = [("relay", "kernel"), *([("relay-c", "kernel")] if compiled else []), ("userspace", "kernel")]
+    ratios += [("userspace", "relay"), *([("userspace", "relay-c")] if compiled else [])]
+    head = [f"{k} msgs/s" for k in kinds] + [f"{x} / {y}" for x, y in ratios]
+    out += ["", "| cell | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
     best: dict[tuple[str, int], dict[str, float]] = {}
     for r in rows:
         cell = best.setdefault((r["mode"], r["size"]), {})
         cell[r["kind"]] = max(cell.get(r["kind"], 0.0), r.get("msgs_per_s") or 0.0)
     for (mode, size), rates in best.items():
-        k, rl, u = rates.get("kernel"), rates.get("relay"), rates.get("userspace")
-        c = rates.get("relay-c")
         name = ("request/response" if mode == "rr" else "one-way") + f" {_size(size)}"
-        cells = [name, _fmt(k), _fmt(rl), *([_fmt(c)] if compiled else []), _fmt(u), _ratio(rl, k)]
-        cells += [*([_ratio(c, k)] if compiled else []), _ratio(u, k), _ratio(u, rl)]
-        cells += [_ratio(u, c)] if compiled else []
+        cells = [name, *(_fmt(rates.get(k)) for k in kinds)]
+        cells += [_ratio(rates.get(x), rates.get(y)) for x, y in ratios]
         out.append("| " + " | ".join(cells) + " |")
     return out + [""]
 
