@@ -153,6 +153,8 @@ class SelectorLoop:
         self.sel = EpollSelector()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
+        #: passes of :meth:`run_once` so far: a handler may tell whether it ran in the last one too
+        self.passes = 0
 
     def register(self, sock: socket.socket, events: int, cb: IoCallback) -> None:
         self.sel.register(sock, events, cb)
@@ -173,6 +175,7 @@ class SelectorLoop:
         """Wait up to ``max_wait`` seconds (less when a timer is due), run the ready callbacks and the due
         timers; returns the time after. A failing callback is logged: a bug in one handler must not kill the
         stack."""
+        self.passes += 1
         timeout = max_wait
         timers = self._timers
         if timers:

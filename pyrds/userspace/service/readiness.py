@@ -142,20 +142,19 @@ class Readiness:
             pass
 
     def _await_delivery(self) -> None:
-        """Wait (at most ~100 ms) until A's TCP has received every byte sent into B. Not POLLIN on A: the
-        client may have read the byte already (it empties A after reading the tail of its data channel), so
-        the test is A's byte count (tcpi_bytes_received), not its poll state."""
-        deadline = 20
-        while deadline > 0 and not self._a_readable(0):
+        """A was not readable just after a byte was sent into B: wait (at most ~100 ms) until A's TCP has
+        received every byte sent. Not POLLIN on A: the client may have read the byte already (it empties A
+        after reading the tail of its data channel, and one that waits for the byte takes it as soon as it
+        lands), so the test is A's byte count (tcpi_bytes_received), asked first: polling A again at once
+        would only repeat what the caller's poll said."""
+        for _ in range(20):
             try:
                 info = self.a.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_LEN)
                 received = _TCPI_BYTES_RECEIVED.unpack_from(info, _TCPI_BYTES_RECEIVED_OFF)[0]
             except (OSError, struct.error):
                 received = -1  # no byte count: wait for POLLIN as before
-            if received >= self.sent:
+            if received >= self.sent or self._a_readable(5):
                 return
-            self._a_readable(5)
-            deadline -= 1
 
     def client_drained(self, readable: bool, client_taken: int | None = None) -> None:
         """The client emptied A itself (it read the tail of the queue from its data channel): whatever this

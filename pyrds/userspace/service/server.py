@@ -58,6 +58,8 @@ class _Control:
         self.asm = rpc.Reassembler()
         self.rs: SockState | None = None
         self.limit = rpc.tune(sock)
+        #: the event loop pass that last read this connection (:meth:`Service._read_control`)
+        self.read_pass = -2
 
 
 _packed_ips: dict[bytes, IPAddress] = {}
@@ -244,10 +246,11 @@ class Service:
             ctl.rs = None
         ctl.sock.close()
 
-    def _on_control(self, ctl: _Control, _mask: int = 0) -> None:
+    def _on_control(self, ctl: _Control, _mask: int = 0, drain: bool = False) -> None:
+        """The connection is readable (``drain``: read every notice it holds now, see :meth:`_settle`)."""
         posts = Outbox()  # POST notices read in a row: their messages written together
         try:
-            self._read_control(ctl, posts)
+            self._read_control(ctl, posts, drain)
         finally:
             posts.flush(self.stack.transmit_failed)
         rs = ctl.rs
@@ -256,12 +259,21 @@ class Service:
             # read before this send is taken while the message crosses the network, not before it leaves)
             self.stack.pull_reads(rs)
 
-    def _read_control(self, ctl: _Control, posts: Outbox) -> None:
+    def _read_control(self, ctl: _Control, posts: Outbox, drain: bool = False) -> None:
+        """Read and serve the connection's records: up to 64 notices in a row, or one request. A lone POST
+        notice ends the read when the connection was not read in the last pass of the event loop either
+        (request/response: nothing follows it, and a read to find that out is one system call per message;
+        epoll reports the connection again if something did); notices coming in a row, or ``drain``, are
+        read until none is left, so their messages go out together."""
         buf = self._rbuf
+        passes = self.loop.passes
+        in_a_row = drain or ctl.read_pass >= passes - 1
+        ctl.read_pass = passes
         for _ in range(64):
             try:
                 n = ctl.sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
+                self.stack.counters["control_reads_empty"] += 1
                 return
             except OSError:
                 self._drop(ctl)
@@ -276,6 +288,8 @@ class Service:
                 tag = record[0] if len(record) else -1
                 if tag == rpc.TAG_POST:
                     self._posted(ctl, record, posts)  # a notice too
+                    if not in_a_row:
+                        return
                     continue
                 posts.flush(self.stack.transmit_failed)  # before what follows them (a send's own message)
                 if tag == rpc.TAG_CONSUMED:
@@ -358,7 +372,7 @@ class Service:
             for fd, _ev in poller.poll(0):
                 ready = self._controls.get(fd)
                 if ready is not None:
-                    self._on_control(ready)
+                    self._on_control(ready, drain=True)
         finally:
             self._settling = False
 

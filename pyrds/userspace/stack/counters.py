@@ -140,6 +140,8 @@ EXTRA_NAMES = (
     "recv_pushed",  # messages pushed to their reader's data channel (the rest are served by request)
     "send_posted",  # sends a client made without waiting for the stack (under a grant: service/posting.py)
     "send_post_refused",  # posted sends refused (outside their grant: a client that broke the rules)
+    "control_reads_empty",  # control connection reads that found nothing (EAGAIN): what the data path wastes
+    "tcp_ack_checks",  # SIOCOUTQ asked of an RDS/TCP connection (what its TCP acked)
     "send_queue_msgs_full",  # empty sends refused (EAGAIN): rds_sndbuf empty messages in flight on the socket
     "ib_recv_over_cap",  # an RDS/IB message queued for a socket already over its receive cap
     "rdma_read_writeback_failed",  # an RDMA READ's bytes could not be written to the client (EFAULT)

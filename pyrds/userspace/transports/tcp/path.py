@@ -148,6 +148,8 @@ class TcpPath:
         #: the rest of a buffer TCP took in part)
         self.outbuf: list[bytes | memoryview] = []
         self.wire_bytes = 0  # bytes the TCP socket accepted on this connection
+        #: of those, the ones the last SIOCOUTQ showed acked (:meth:`check_acks`)
+        self.acked_wire = 0
         self.pending: dict[int, Outgoing] = {}
         self.dial_scheduled = False
         #: when the ack timer that is out will run (None: none is out)
@@ -330,6 +332,7 @@ class TcpPath:
         self.outbuf = []
         self._interest(False)
         self.wire_bytes = 0
+        self.acked_wire = 0
         self.confirmed = not self.conn.owner
         self.engine.connection_made(time.monotonic())
         if self.index != 0:  # 6.1 sets c_map_queued on every path's connect; it tells the owner we accepted
@@ -470,6 +473,7 @@ class TcpPath:
         s = self.sock
         if s is None:
             return
+        written_before = self.wire_bytes
         if self.up and self.confirmed:
             while self.staged:
                 self._to_engine(self.staged.popleft())
@@ -500,6 +504,13 @@ class TcpPath:
                 _sent(out, n)
             if not self.outbuf and self._mask & W:  # else _interest(False) would change nothing (``_mask``)
                 self._interest(False)
+            if self.acked_wire >= written_before and not self._acks_urgent():
+                # the last look found every byte written before this flush acked: SIOCOUTQ now could only
+                # tell of the bytes just written, which TCP acks later, and nobody waits for them (request/
+                # response: one ioctl per message less); the next read or the ack poll asks
+                if self.pending:
+                    self._ack_poll(False)
+                return
         self.check_acks()
 
     def _reserve_tx(self) -> None:
@@ -538,10 +549,13 @@ class TcpPath:
         s = self.sock
         if s is None or self.engine.state == PathState.CONNECTING:
             return
+        self.host.counters["tcp_ack_checks"] += 1
         outq = unacked_bytes(s)
         if outq is None:
             return
         through = self.wire_bytes - outq
+        if through > self.acked_wire:
+            self.acked_wire = through
         for acked in self.engine.acked_through(through if through > 0 else 0):
             msg = self.pending.pop(acked.seq, None)
             if msg is not None:
@@ -549,23 +563,28 @@ class TcpPath:
         if self.pending:
             self._ack_poll()
 
-    def _ack_poll(self) -> None:
-        """Ask TCP for acks again later: after ACK_POLL when a sender waits for them (the stack says so for
-        one of the newest unacked messages: a send buffer half full, a zerocopy completion), else after
-        ACK_POLL_IDLE. A timer already out that runs soon enough stays the only one (none is cancelled: a
-        later one finds it is not the current one and does nothing)."""
-        now = time.monotonic()
-        at = self._ack_timer_at
-        if at is not None and at <= now + ACK_POLL:
-            return
+    def _acks_urgent(self) -> bool:
+        """Whether a sender waits for acks: the stack says so for one of the ACK_LOOK newest unacked
+        messages (a send buffer half full, a zerocopy completion)."""
         host = self.host
-        urgent = False
         for n, msg in enumerate(reversed(self.pending.values())):
             if n == ACK_LOOK:
                 break
             if host.acks_awaited(msg):
-                urgent = True
-                break
+                return True
+        return False
+
+    def _ack_poll(self, urgent: bool | None = None) -> None:
+        """Ask TCP for acks again later: after ACK_POLL when a sender waits for them (:meth:`_acks_urgent`;
+        ``urgent``: the caller just asked), else after ACK_POLL_IDLE. A timer already out that runs soon
+        enough stays the only one (none is cancelled: a later one finds it is not the current one and does
+        nothing)."""
+        now = time.monotonic()
+        at = self._ack_timer_at
+        if at is not None and at <= now + ACK_POLL:
+            return
+        if urgent is None:
+            urgent = self._acks_urgent()
         delay = ACK_POLL if urgent else ACK_POLL_IDLE
         if at is not None and at <= now + delay:
             return

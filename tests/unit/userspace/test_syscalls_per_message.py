@@ -1,0 +1,97 @@
+"""System calls the service spends per request/response message (issue 10): a lone POST notice is not
+followed by a control read that only says EAGAIN, and an RDS/TCP connection whose bytes were all known
+acked is not asked SIOCOUTQ again right after it wrote (only the bytes just written could show, and TCP
+acks them later); the readiness fd's delivery check does not poll twice in a row."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import pytest
+
+from pyrds.constants import InfoType
+from pyrds.userspace.control import stack_counters
+from pyrds.userspace.service import readiness
+
+ROUND_TRIPS = 300
+
+
+def _round_trips(a: Any, b: Any, n: int) -> None:
+    a_addr, b_addr = a.getsockname(), b.getsockname()
+    for i in range(n):
+        msg = b"q%d" % i
+        a.sendto(msg, b_addr)
+        assert b.recv(100) == msg
+        b.sendto(b"r%d" % i, a_addr)
+        assert a.recv(100) == b"r%d" % i
+
+
+def _deltas(before: dict[str, int], after: dict[str, int], name: str) -> int:
+    return after[name] - before[name]
+
+
+@pytest.mark.netns
+def test_request_response_costs_no_empty_control_reads(userspace_netns_pair: Any) -> None:
+    a, b = userspace_netns_pair.bound_pair()
+    _round_trips(a, b, 5)  # the grants: every later send is posted
+    before = stack_counters(a), stack_counters(b)
+    _round_trips(a, b, ROUND_TRIPS)
+    after = stack_counters(a), stack_counters(b)
+    for side, was, now in zip("AB", before, after, strict=True):
+        posted = _deltas(was, now, "send_posted")
+        empty = _deltas(was, now, "control_reads_empty")
+        print(f"stack {side}: {posted} posted sends, {empty} empty control reads")
+        assert posted >= ROUND_TRIPS // 2, "the sends should be posted notices"
+        # one per notice before (each POST read was followed by a read that said EAGAIN)
+        assert empty < ROUND_TRIPS // 4
+
+
+@pytest.mark.netns
+def test_request_response_asks_tcp_for_acks_about_once_per_round_trip(userspace_netns_pair: Any) -> None:
+    a, b = userspace_netns_pair.bound_pair()
+    _round_trips(a, b, 5)
+    before = stack_counters(a), stack_counters(b)
+    _round_trips(a, b, ROUND_TRIPS)
+    after = stack_counters(a), stack_counters(b)
+    for side, was, now in zip("AB", before, after, strict=True):
+        checks = _deltas(was, now, "tcp_ack_checks")
+        print(f"stack {side}: {checks} SIOCOUTQ for {ROUND_TRIPS} round trips")
+        # two per round trip before (after the write, and after the read); ack-poll timers add a few
+        assert checks < ROUND_TRIPS * 3 // 2
+    # and what is sent is still released once acked: nothing stays unacked (retransmit queue) on either node
+    retrans = InfoType.RDS_INFO_RETRANS_MESSAGES
+    deadline = time.monotonic() + 5
+    while a.get_info(retrans) or b.get_info(retrans):
+        assert time.monotonic() < deadline, "sent messages were never released"
+        time.sleep(0.02)
+
+
+class _CountingPoll:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def poll(self, timeout: int) -> Any:
+        self.calls += 1
+        return self.inner.poll(timeout)
+
+
+def test_delivery_check_of_a_byte_already_taken_asks_tcp_info_first() -> None:
+    """The byte was sent and the client already took it (A is not readable): A's byte count says it was
+    delivered, with no second poll of A (that poll could only repeat the caller's)."""
+    r = readiness.Readiness()
+    try:
+        if not r.tcp:
+            pytest.skip("no TCP readiness pair in this namespace")
+        r.b.send(b"r", socket.MSG_DONTWAIT)
+        r.sent += 1
+        r.a.settimeout(5)
+        assert r.a.recv(10) == b"r"  # what the client does after reading the tail of its channel
+        counting = _CountingPoll(r._pollin)
+        r._pollin = counting  # type: ignore[assignment]
+        r._await_delivery()
+        assert counting.calls == 0
+    finally:
+        r.close()
