@@ -141,7 +141,7 @@ EXTRA_NAMES = (
     "send_posted",  # sends a client made without waiting for the stack (under a grant: service/posting.py)
     "send_post_refused",  # posted sends refused (outside their grant: a client that broke the rules)
     "control_reads_empty",  # control connection reads that found nothing (EAGAIN): what the data path wastes
-    "tcp_ack_checks",  # SIOCOUTQ asked of an RDS/TCP connection (what its TCP acked)
+    "tcp_ack_checks",  # SIOCOUTQ asked for the messages an RDS/TCP path's TCP acked (TcpPath.check_acks)
     "send_queue_msgs_full",  # empty sends refused (EAGAIN): rds_sndbuf empty messages in flight on the socket
     "ib_recv_over_cap",  # an RDS/IB message queued for a socket already over its receive cap
     "rdma_read_writeback_failed",  # an RDMA READ's bytes could not be written to the client (EFAULT)

@@ -28,20 +28,26 @@ def _round_trips(a: Any, b: Any, n: int) -> None:
         assert a.recv(100) == b"r%d" % i
 
 
-def _deltas(before: dict[str, int], after: dict[str, int], name: str) -> int:
-    return after[name] - before[name]
+def _counts_per_side(pair: Any, names: tuple[str, ...]) -> tuple[Any, Any, list[tuple[str, dict[str, int]]]]:
+    """A bound socket on each node, and what each stack (A, B) counted of ``names`` during ROUND_TRIPS
+    round trips between them, after 5 that get the grants (every later send is posted)."""
+    a, b = pair.bound_pair()
+    _round_trips(a, b, 5)
+    before = stack_counters(a), stack_counters(b)
+    _round_trips(a, b, ROUND_TRIPS)
+    after = stack_counters(a), stack_counters(b)
+    counts = [
+        (side, {name: now[name] - was[name] for name in names})
+        for side, was, now in zip("AB", before, after, strict=True)
+    ]
+    return a, b, counts
 
 
 @pytest.mark.netns
 def test_request_response_costs_no_empty_control_reads(userspace_netns_pair: Any) -> None:
-    a, b = userspace_netns_pair.bound_pair()
-    _round_trips(a, b, 5)  # the grants: every later send is posted
-    before = stack_counters(a), stack_counters(b)
-    _round_trips(a, b, ROUND_TRIPS)
-    after = stack_counters(a), stack_counters(b)
-    for side, was, now in zip("AB", before, after, strict=True):
-        posted = _deltas(was, now, "send_posted")
-        empty = _deltas(was, now, "control_reads_empty")
+    _a, _b, per_side = _counts_per_side(userspace_netns_pair, ("send_posted", "control_reads_empty"))
+    for side, counts in per_side:
+        posted, empty = counts["send_posted"], counts["control_reads_empty"]
         print(f"stack {side}: {posted} posted sends, {empty} empty control reads")
         assert posted >= ROUND_TRIPS // 2, "the sends should be posted notices"
         # one per notice before (each POST read was followed by a read that said EAGAIN)
@@ -50,13 +56,9 @@ def test_request_response_costs_no_empty_control_reads(userspace_netns_pair: Any
 
 @pytest.mark.netns
 def test_request_response_asks_tcp_for_acks_about_once_per_round_trip(userspace_netns_pair: Any) -> None:
-    a, b = userspace_netns_pair.bound_pair()
-    _round_trips(a, b, 5)
-    before = stack_counters(a), stack_counters(b)
-    _round_trips(a, b, ROUND_TRIPS)
-    after = stack_counters(a), stack_counters(b)
-    for side, was, now in zip("AB", before, after, strict=True):
-        checks = _deltas(was, now, "tcp_ack_checks")
+    a, b, per_side = _counts_per_side(userspace_netns_pair, ("tcp_ack_checks",))
+    for side, counts in per_side:
+        checks = counts["tcp_ack_checks"]
         print(f"stack {side}: {checks} SIOCOUTQ for {ROUND_TRIPS} round trips")
         # two per round trip before (after the write, and after the read); ack-poll timers add a few
         assert checks < ROUND_TRIPS * 3 // 2
