@@ -128,9 +128,11 @@ class PathEngine:
         self.max_pongs = max_pongs
         self._pongs = 0  # pongs in both queues
         self.framer = MessageFramer(max_len)
-        self._state = PathState.DOWN
+        #: the kernel's ``cp_state`` (read it; the engine's methods change it). Plain attributes, as
+        #: ``next_tx_seq`` and ``held`` are: read several times per message on the hot path
+        self.state = PathState.DOWN
         self.state_changed_at: float | None = None
-        self._next_tx_seq = 1
+        self.next_tx_seq = 1  # ``cp_next_tx_seq``: the sequence number of the next message queued
         self._next_rx_seq = 0
         self._send_queue: deque[_Out] = deque()  # not yet written on this connection
         self._written: deque[_Out] = deque()  # written on this connection, not yet acked
@@ -150,17 +152,10 @@ class PathEngine:
         self.lane0 = lane0 if index > 0 else None
         self.catchup_tx_seq = 0  # path 0: ``c_cp0_mprds_catchup_tx_seq`` (0: no catch-up)
         self.catchup_retries = 0  # path > 0: times it had to wait for path 0 (``mprds_catchup_tx0_retries``)
-        self._held = False
+        #: the last :meth:`buffers_to_send` kept messages back because path 0 is still catching up
+        self.held = False
 
     # -- info ---------------------------------------------------------------------------------------------
-    @property
-    def state(self) -> PathState:
-        return self._state
-
-    @property
-    def next_tx_seq(self) -> int:
-        return self._next_tx_seq
-
     @property
     def next_rx_seq(self) -> int:
         return self._next_rx_seq
@@ -178,11 +173,6 @@ class PathEngine:
     @property
     def peer_gen_num(self) -> int:
         return self._peer_gen
-
-    @property
-    def held(self) -> bool:
-        """The last :meth:`bytes_to_send` kept messages back because path 0 is still catching up."""
-        return self._held
 
     @property
     def queued_bytes(self) -> int:
@@ -234,11 +224,11 @@ class PathEngine:
     def _enqueue(
         self, sport: int, dport: int, payload: bytes, flags: int, exthdr: tuple[ExtHeader, ...]
     ) -> int:
-        seq = self._next_tx_seq
+        seq = self.next_tx_seq
         size = len(payload)
         header = RDSHeader(seq, 0, size, sport, dport, flags, 0, 0, exthdr)
         wire = header.encode()  # validate ranges now, not at drain time; kept for the write
-        self._next_tx_seq += 1
+        self.next_tx_seq += 1
         self._send_queue.append(_Out(header, payload, 0, wire))
         self._queued_bytes += size
         if sport == 0:
@@ -262,7 +252,7 @@ class PathEngine:
     def begin_catchup(self, pending: int = 0) -> None:
         """Path 0 at fan-out: paths > 0 wait until every message path 0 holds now is acked. ``pending``:
         messages the caller still holds for path 0 that will get the next sequence numbers."""
-        self.catchup_tx_seq = self._next_tx_seq + pending
+        self.catchup_tx_seq = self.next_tx_seq + pending
 
     def catching_up(self) -> bool:
         """Path 0: its oldest message not yet acked (retransmit queue, then send queue) is older than the
@@ -272,6 +262,10 @@ class PathEngine:
         if self._written and self._written[0].header.sequence < self.catchup_tx_seq:
             return True
         return bool(self._send_queue) and self._send_queue[0].header.sequence < self.catchup_tx_seq
+
+    def has_output(self) -> bool:
+        """:meth:`buffers_to_send` would return something while UP: a message or the map is queued."""
+        return bool(self._send_queue) or self._cong_pending
 
     def queue_cong_map(self) -> None:
         """Send ``local_map`` before the next queued message (coalesces like ``c_map_queued``)."""
@@ -285,8 +279,8 @@ class PathEngine:
         """What :meth:`bytes_to_send` drains, as buffers to write in this order (``socket.sendmsg``): a
         payload of :data:`OWN_BUFFER` bytes or more is its own buffer, as queued (not copied), everything
         else is joined; at most ``max_buffers`` buffers (fewer messages then)."""
-        self._held = False
-        if self._state != PathState.UP:
+        self.held = False
+        if self.state != PathState.UP:
             return []
         out: list[bytes] = []
         small = bytearray()
@@ -296,7 +290,7 @@ class PathEngine:
             small += encode_cong_map_message(self.local_map)
             size = len(small)
         if self._send_queue and self.lane0 is not None and self.lane0.catching_up():
-            self._held = True
+            self.held = True
             self.catchup_retries += 1
             self._tx_bytes += size
             return [bytes(small)] if small else []
@@ -352,7 +346,7 @@ class PathEngine:
     def take_cong_map(self) -> bool:
         """The congestion map is due (path 0 after connect, or :meth:`queue_cong_map`): clear and say so.
         ``local_map`` is then sent before the next message, as :meth:`bytes_to_send` does for TCP."""
-        if self._state != PathState.UP or not self._cong_pending:
+        if self.state != PathState.UP or not self._cong_pending:
             return False
         self._cong_pending = False
         return True
@@ -362,11 +356,11 @@ class PathEngine:
         ``cp_retrans`` as it picks it); ``None`` when not UP, nothing is queued, or path 0 is catching up.
         It stays there until :meth:`acked_seq` or :meth:`reset_sequences` releases it, and a reconnect
         requeues it as a retransmission, exactly like a message written by :meth:`bytes_to_send`."""
-        self._held = False
-        if self._state != PathState.UP or not self._send_queue:
+        self.held = False
+        if self.state != PathState.UP or not self._send_queue:
             return None
         if self.lane0 is not None and self.lane0.catching_up():
-            self._held = True
+            self.held = True
             self.catchup_retries += 1
             return None
         msg = self._send_queue.popleft()
@@ -432,7 +426,7 @@ class PathEngine:
 
     def connection_made(self, now: float) -> None:
         """TCP is established: requeue unacked messages as retransmissions, path 0 queues the cong map."""
-        if self._state == PathState.UP:
+        if self.state == PathState.UP:
             raise ValueError("path is already up")
         resend = [_Out(m.header.with_flags(HeaderFlag.RETRANSMITTED), m.payload) for m in self._written]
         self._written.clear()
@@ -454,7 +448,7 @@ class PathEngine:
         self._set_state(PathState.DISCONNECTING, now)
 
     def _set_state(self, state: PathState, now: float) -> None:
-        self._state = state
+        self.state = state
         self.state_changed_at = now
 
     def resume_rx(self, next_rx_seq: int) -> None:
@@ -468,14 +462,14 @@ class PathEngine:
         """Number the next message ``next_tx_seq`` (an earlier incarnation of this node wrote nothing at or
         above it). Only before anything was queued, and only below 2**62: a damaged file must not leave a
         path numbering so close to 2**64 that a header could no longer hold its sequence."""
-        fresh = self._next_tx_seq == 1 and not self._send_queue and not self._written
+        fresh = self.next_tx_seq == 1 and not self._send_queue and not self._written
         if fresh and 1 < next_tx_seq < _RESUME_TX_LIMIT:
-            self._next_tx_seq = next_tx_seq
+            self.next_tx_seq = next_tx_seq
 
     def reset_sequences(self) -> list[AckedMessage]:
         """Peer restarted (GEN_NUM changed): seqs restart and unacked messages are flushed, not resent
         (``rds_conn_peer_gen_update``). Returns the flushed messages (the sender releases them)."""
-        self._next_tx_seq = 1
+        self.next_tx_seq = 1
         self._next_rx_seq = 0
         self.catchup_tx_seq = 0
         flushed = list(self._written)
@@ -491,14 +485,14 @@ class PathEngine:
         try:
             frames = self.framer.feed(data)
         except ProtocolError:
-            self._state = PathState.ERROR
+            self.state = PathState.ERROR
             raise
         events: list[Event] = []
         for frame in frames:
             self._on_frame(frame, now, events)
         err = self.framer.error
         if err is not None:
-            self._state = PathState.ERROR
+            self.state = PathState.ERROR
             err.partial = list(events)
             raise err
         return events

@@ -18,6 +18,11 @@ the service stays in the foreground (systemd, tests).
 SIGINT stop the service cleanly (connections closed, listener released), as does the STOP control operation
 (``pyrds stack stop``). Under systemd (``$NOTIFY_SOCKET``, Type=notify) the service sends ``READY=1`` once
 its control socket is bound.
+
+``PYRDS_STACK_PROFILE=<dir>`` (for whoever measures the service, docs/userspace-profile.md): the service runs
+under cProfile and, when it stops, writes ``<dir>/stack-<pid>.prof`` (``pstats`` reads it), created new with
+mode 0600 and never through a symbolic link. Only the environment of the process that starts the service sets
+it, with that process's own rights (the shared stack is root's; an autostarted private one its uid's).
 """
 
 from __future__ import annotations
@@ -154,6 +159,33 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # best effort: pyverbs missing or broken, no usable device
         log.warning("RDS/IB unavailable (%s: %s): running without it", type(exc).__name__, exc)
     _sd_notify("READY=1")
-    svc.serve_forever()
+    profile_dir = os.environ.get("PYRDS_STACK_PROFILE")
+    if profile_dir:
+        _serve_profiled(svc, profile_dir)
+    else:
+        svc.serve_forever()
     _sd_notify("STOPPING=1")
     return 0
+
+
+def _serve_profiled(svc: Service, directory: str) -> None:
+    """``serve_forever`` under cProfile; the statistics go to ``<directory>/stack-<pid>.prof`` once it
+    returns (or raises). A file that cannot be written is logged: the service's own exit stays as it was."""
+    import cProfile
+    import marshal
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        svc.serve_forever()
+    finally:
+        profiler.disable()
+        profiler.create_stats()
+        path = os.path.join(directory, f"stack-{os.getpid()}.prof")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                # pstats' file format (what Profile.dump_stats writes): our own statistics, not foreign bytes
+                marshal.dump(profiler.stats, out)
+        except OSError as exc:
+            log.warning("PYRDS_STACK_PROFILE: cannot write %s: %s", path, exc)

@@ -190,7 +190,16 @@ class SelectorLoop:
             ready = sel.epoll.poll(timeout, sel.maxevents)  # rounds up to epoll's ms: waits at least timeout
         except InterruptedError:
             ready = []
-        if ready:
+        if len(ready) == 1:  # request/response: one fd per wakeup (no list of keys to build)
+            fd, ev = ready[0]
+            if fd in keys:
+                key = keys[fd]
+                mask = (_W if ev & ~select.EPOLLIN else 0) | (_R if ev & ~select.EPOLLOUT else 0)
+                try:
+                    key.data(mask & key.events)
+                except Exception:
+                    log.exception("handler failed")
+        elif ready:
             # every key is taken before any callback runs (one may unregister or modify another ready fd), as
             # selectors' select() does
             calls = [(keys[fd], ev) for fd, ev in ready if fd in keys]

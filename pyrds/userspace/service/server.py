@@ -140,9 +140,12 @@ class Service:
         return {"started": self.started, "clients": max(0, len(self._controls) - 1)}
 
     def serve_forever(self) -> None:
-        while not self._stop.is_set():
-            now = self.loop.run_once(0.5)
-            if self._idle_exit_due(now):
+        stop, run_once = self._stop, self.loop.run_once
+        while not stop.is_set():
+            now = run_once(0.5)
+            if self._controls:  # _idle_exit_due's first answer, inline (a client is connected)
+                self._idle_since = None
+            elif self._idle_exit_due(now):
                 break
         self.close()
 

@@ -281,7 +281,8 @@ class Stack:
             daddr, dport = rs.conn_addr or ipaddress.IPv4Address(0), rs.conn_port
         if rs.bound_addr is None or (dest is None and daddr.is_unspecified):  # a dest: _valid_dest said not
             raise StackError(errno.ENOTCONN)
-        if daddr.version != rs.bound_addr.version and (dest is not None or not self.is_local(daddr)):
+        # the families by class, not by the ``version`` property (two Python calls per send)
+        if type(daddr) is not type(rs.bound_addr) and (dest is not None or not self.is_local(daddr)):
             # "IPv4/IPv6 address mismatch": the kernel checks it for an explicit destination only. A connected
             # one of the other family is delivered by the loop transport when local (as 7.3 does, source
             # address the bound one); a remote one the kernel would dial at the IPv6 address's low 32 bits
@@ -821,6 +822,8 @@ class Stack:
         self.counters[key] += delta if delta > 0 else -delta
         if rs.transport == Transport.LOOP or rs.bound_addr is None:
             return
+        if not rs.congested and rs.rcv_bytes <= rs.rcvbuf // 2:
+            return  # next_congested_state's answer, inline: not congested and not over rds_sk_rcvbuf
         now = next_congested_state(rs.congested, rs.rcv_bytes, rs.rcvbuf)
         if now != rs.congested:
             rs.congested = now

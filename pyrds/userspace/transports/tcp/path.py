@@ -50,6 +50,7 @@ __all__ = ["PathOwner", "R", "TcpPath", "W"]
 
 log = logging.getLogger("pyrds.userspace.tcp")
 R, W = selectors.EVENT_READ, selectors.EVENT_WRITE
+_UP = PathState.UP
 ACK_POLL = 0.005
 #: how often a path with unacked messages asks TCP when no sender waits for them (every read and write of
 #: the path asks anyway): a timer per message at ACK_POLL woke an otherwise idle service once per message
@@ -211,7 +212,7 @@ class TcpPath:
 
     def queue(self, msg: Outgoing, kick: bool = True) -> None:
         """``kick``: write it (or get a connection) now; False: the caller kicks later (a corked batch)."""
-        if msg.sock_id and (not self.up or self.staged):
+        if msg.sock_id and (self.engine.state is not _UP or self.staged):
             self.staged.append(msg)  # not on the wire yet: RDS_CANCEL_SENT_TO / close() can still drop it
         else:
             self._to_engine(msg)
@@ -245,7 +246,7 @@ class TcpPath:
 
     def kick(self) -> None:
         """Write what is queued, or get a connection."""
-        if self.up:
+        if self.engine.state is _UP:
             self.flush()
         elif self.conn.owner:
             self.conn.advance()
@@ -474,19 +475,22 @@ class TcpPath:
         if s is None:
             return
         written_before = self.wire_bytes
-        if self.up and self.confirmed:
+        engine = self.engine
+        if engine.state is _UP and self.confirmed:
             while self.staged:
                 self._to_engine(self.staged.popleft())
             held = False
             while True:
                 out = self.outbuf
                 if not out:
-                    if held:
+                    # has_output first: after a write that took everything, or a read that queued no pong,
+                    # asking buffers_to_send for nothing was the costlier call (once or twice per message)
+                    if held or not engine.has_output():
                         break
-                    out = self.outbuf = [*self.engine.buffers_to_send(WRITE_CHUNK)]
-                    if self._rx_page is not None and self.engine.next_tx_seq > self._tx_reserved:
+                    out = self.outbuf = [*engine.buffers_to_send(WRITE_CHUNK)]
+                    if self._rx_page is not None and engine.next_tx_seq > self._tx_reserved:
                         self._reserve_tx()
-                    if self.engine.held:
+                    if engine.held:
                         held = True
                         self._catchup_wait()
                     if not out:
