@@ -36,7 +36,9 @@ class MessageFramer:
         self._hbuf = bytearray()
         self._header: RDSHeader | None = None
         self._pbuf = bytearray()
-        self._error: ProtocolError | None = None
+        #: the error that poisoned the stream (None while it is sound); a plain attribute, read after every
+        #: read of the connection
+        self.error: ProtocolError | None = None
 
     @property
     def hdr_rem(self) -> int:
@@ -49,10 +51,6 @@ class MessageFramer:
         return 0 if self._header is None else self._header.length - len(self._pbuf)
 
     @property
-    def error(self) -> ProtocolError | None:
-        return self._error
-
-    @property
     def buffered(self) -> int:
         """Bytes held for an incomplete message."""
         return len(self._hbuf) + len(self._pbuf)
@@ -62,21 +60,21 @@ class MessageFramer:
         self._hbuf.clear()
         self._pbuf = bytearray()
         self._header = None
-        self._error = None
+        self.error = None
 
     def _length_error(self, header: RDSHeader) -> ProtocolError | None:
         """h_len over the limit poisons the stream (the connection is dropped): remember and return it."""
         if header.length <= self.max_len:
             return None
-        self._error = ProtocolError(
+        self.error = ProtocolError(
             "msg_too_long", f"h_len {header.length} > {self.max_len} (seq {header.sequence})"
         )
-        return self._error
+        return self.error
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Consume ``data``; return every message it completes, in stream order."""
-        if self._error is not None:
-            raise self._error
+        if self.error is not None:
+            raise self.error
         frames: list[Frame] = []
         view = memoryview(data).cast("B")
         pos = 0
@@ -85,7 +83,7 @@ class MessageFramer:
             if self._header is None and not self._hbuf and end - pos >= RDS_HEADER_SIZE:
                 # a whole header here (the usual case): no staging copy; a whole payload: one copy
                 header = RDSHeader.decode(view[pos : pos + RDS_HEADER_SIZE])
-                err = self._length_error(header)
+                err = self._length_error(header) if header.length > self.max_len else None
                 if err is not None:
                     if frames:
                         return frames

@@ -207,7 +207,8 @@ class RDSHeader:
         if len(raw) < RDS_HEADER_SIZE:
             raise ProtocolError("short_header", f"{len(raw)} < {RDS_HEADER_SIZE} bytes")
         seq, ack, length, sport, dport, flags, credit, _pad, csum, ext = _HDR.unpack_from(raw, 0)
-        return cls(seq, ack, length, sport, dport, flags, credit, csum, decode_exthdrs(ext))
+        # a first byte of RDS_EXTHDR_NONE ends the area at once (decode_exthdrs): most messages carry none
+        return cls(seq, ack, length, sport, dport, flags, credit, csum, decode_exthdrs(ext) if ext[0] else ())
 
     def ext(self, ext_type: int) -> ExtHeader | None:
         """The first extension of ``ext_type``, if any."""

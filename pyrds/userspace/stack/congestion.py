@@ -107,7 +107,8 @@ class CongestionTable:
     def look(self, rs: SockState) -> None:
         """The socket looks at the generation (the kernel does it in rds_poll; the userspace stack, whose
         readiness fd cannot see polls, on the socket's next send/recv): the historical POLLIN is consumed."""
-        if not rs.cong_updated_since():
+        gen = rs.cong_gen  # rs.cong_updated_since(), inline: twice per message
+        if gen is None or rs.cong_track == gen.value:
             return
         visible = rs.hist_pollin()
         rs.cong_track = self.generation.value

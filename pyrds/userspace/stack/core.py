@@ -288,7 +288,7 @@ class Stack:
             # address the bound one); a remote one the kernel would dial at the IPv6 address's low 32 bits
             # over RDS/TCP, which the stack refuses with the same errno (docs/userspace.md).
             raise StackError(errno.EOPNOTSUPP)
-        if plen > RDS_MAX_MSG_SIZE or plen > rs.rds_sndbuf:
+        if plen > RDS_MAX_MSG_SIZE or plen > rs.sndbuf // 2:  # rds_sndbuf
             raise StackError(errno.EMSGSIZE)
         zcopy = bool(flags & MSG_ZEROCOPY) and rs.zerocopy
         if zcopy and rs.transport != Transport.TCP:
@@ -580,7 +580,7 @@ class Stack:
         rs = self.socks.get(msg.sock_id)
         if rs is None:
             return False
-        limit = rs.rds_sndbuf
+        limit = rs.sndbuf // 2  # rds_sndbuf
         return rs.snd_bytes * 2 >= limit or rs.snd_empty * 2 >= limit
 
     def cancel_sent_to(self, rs: SockState, daddr: IPAddress, dport: int) -> None:
@@ -686,7 +686,10 @@ class Stack:
                 inc.pushable = True
             if len(inc.payload) > sink.max_payload:
                 return
-            tail = rs.pushed + 1 == queued and not rs.hist_pollin()
+            # not rs.hist_pollin(), inline (a socket that never saw congestion: no call)
+            tail = rs.pushed + 1 == queued and not (
+                rs.seen_congestion and not rs.cong_monitor and rs.cong_updated_since()
+            )
             # the update_readiness that follows every push_ready makes an empty fd readable for the tail: say
             # so, so that a client that reads the message before that byte is there waits for it
             byte_follows = tail and rs.readiness is not None and not rs.readiness.readable
