@@ -40,6 +40,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+# the clone's pyrds for the loops this script runs of itself, when no pyrds is installed or on PYTHONPATH
+# (appended: a tree named by PYTHONPATH, or an installed one, still comes first)
+sys.path.append(str(HERE.parent))
 
 from topology import USERSPACE_PORT, Node, make_pair, teardown  # noqa: E402
 

@@ -177,3 +177,6 @@ def test_bad_python_arguments_raise_before_syscall(rds_socket_factory):
         s.bind((V4, 70000))
     with pytest.raises((TypeError, ValueError)):
         s.bind(("127.0.0.1", 4000, 0, 0))
+    for short in ((), ("127.0.0.1",)):  # the userspace client raised IndexError for () until 2026-12-03
+        with pytest.raises(TypeError):
+            s.sendto(b"x", short)

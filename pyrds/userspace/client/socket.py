@@ -107,12 +107,15 @@ def _poll_until(p: select.poll, deadline: float | None) -> list[tuple[int, int]]
 
 def _pack_dest(address: Any) -> tuple[bytes, int]:
     """(packed IP, port) of a destination; the common plain (str, int) tuples are cached."""
-    cacheable = (
-        type(address) is tuple
-        and type(address[0]) is str
-        and all(type(v) is int for v in address[1:])
-        and len(address) in (2, 4)
-    )
+    if type(address) is tuple and len(address) == 2 and type(address[0]) is str and type(address[1]) is int:
+        cacheable = True  # (host, port), every send: no generator
+    else:
+        cacheable = (
+            type(address) is tuple
+            and len(address) == 4
+            and type(address[0]) is str
+            and all(type(v) is int for v in address[1:])
+        )
     if cacheable:
         hit = _dests.get(address)
         if hit is not None:

@@ -124,6 +124,20 @@ def test_bad_data_arguments_fail_like_the_stdlib_before_any_request(
         b.recv(10)
 
 
+@pytest.mark.parametrize("dest", [(), ("127.0.0.1",), ("127.0.0.1", 1, 2)], ids=["empty", "host", "three"])
+def test_a_destination_of_the_wrong_length_is_a_type_error(
+    pair: tuple[RDSSocket, RDSSocket], dest: tuple[Any, ...]
+) -> None:
+    """As the stdlib's (a TypeError, before any request): ``sendto(b"x", ())`` raised IndexError from the
+    destination cache's type check until 2026-12-03."""
+    a, b = pair
+    for call in (lambda: a.sendto(b"x", dest), lambda: a.sendmsg([b"x"], [], 0, dest)):
+        with pytest.raises(TypeError, match="RDS address must be"):
+            call()
+    with pytest.raises(BlockingIOError):
+        b.recv(10)
+
+
 def test_oversize_send_is_emsgsize_in_the_kernels_order_and_keeps_the_socket(
     pair: tuple[RDSSocket, RDSSocket],
 ) -> None:
