@@ -30,6 +30,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+# the clone's pyrds when no pyrds is installed or on PYTHONPATH (appended: those come first); the measured
+# processes get their tree through PYTHONPATH and their working directory (:func:`cell`)
+sys.path.append(str(HERE.parent))
 
 from topology import USERSPACE_PORT, Node, teardown, userspace_node  # noqa: E402
 
