@@ -19,7 +19,7 @@ from typing import Any
 from pyrds.addr import IPAddress
 from pyrds.constants import MSG_ZEROCOPY, RDS_MAX_MSG_SIZE, RdmaStatus, Transport
 from pyrds.userspace.config import StackConfig
-from pyrds.userspace.proto.cong import CongestionMap, next_congested_state
+from pyrds.userspace.proto.cong import CongestionMap, is_congested, next_congested_state
 from pyrds.userspace.stack import ancillary, rdma
 from pyrds.userspace.stack.congestion import CongestionTable
 from pyrds.userspace.stack.counters import new_counters
@@ -288,7 +288,7 @@ class Stack:
             # address the bound one); a remote one the kernel would dial at the IPv6 address's low 32 bits
             # over RDS/TCP, which the stack refuses with the same errno (docs/userspace.md).
             raise StackError(errno.EOPNOTSUPP)
-        if plen > RDS_MAX_MSG_SIZE or plen > rs.sndbuf // 2:  # rds_sndbuf
+        if plen > RDS_MAX_MSG_SIZE or plen > rs.rds_sndbuf:
             raise StackError(errno.EMSGSIZE)
         zcopy = bool(flags & MSG_ZEROCOPY) and rs.zerocopy
         if zcopy and rs.transport != Transport.TCP:
@@ -580,7 +580,7 @@ class Stack:
         rs = self.socks.get(msg.sock_id)
         if rs is None:
             return False
-        limit = rs.sndbuf // 2  # rds_sndbuf
+        limit = rs.rds_sndbuf
         return rs.snd_bytes * 2 >= limit or rs.snd_empty * 2 >= limit
 
     def cancel_sent_to(self, rs: SockState, daddr: IPAddress, dport: int) -> None:
@@ -825,8 +825,8 @@ class Stack:
         self.counters[key] += delta if delta > 0 else -delta
         if rs.transport == Transport.LOOP or rs.bound_addr is None:
             return
-        if not rs.congested and rs.rcv_bytes <= rs.rcvbuf // 2:
-            return  # next_congested_state's answer, inline: not congested and not over rds_sk_rcvbuf
+        if not rs.congested and not is_congested(rs.rcv_bytes, rs.rcvbuf):
+            return  # next_congested_state's answer for the usual case, with the rule kept in proto/cong.py
         now = next_congested_state(rs.congested, rs.rcv_bytes, rs.rcvbuf)
         if now != rs.congested:
             rs.congested = now
