@@ -31,6 +31,17 @@ _TCPI_BYTES_RECEIVED_OFF = 128
 _TCPI_LEN = 136
 
 _tcp_broken = False
+#: the fds of this service with a byte whose arrival nobody has seen yet (:meth:`Readiness.delivered`); the
+#: service is one thread, and an fd leaves the set once confirmed or closed
+_unconfirmed: set[Readiness] = set()
+
+
+def confirm_all() -> None:
+    """Before the service answers a request: every readiness byte sent so far has arrived, as the kernel's
+    state is when its call returns (a receiver a local send made readable polls readable once the sender's
+    send returned; a recv that re-armed its own fd finds it readable)."""
+    while _unconfirmed:
+        _unconfirmed.pop().delivered()
 
 
 def _poll(sock: socket.socket, events: int, timeout_ms: int) -> int:
@@ -104,6 +115,8 @@ class Readiness:
             self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # clamps to SOCK_MIN_SNDBUF
         self.readable = False
         self.writable = True
+        #: a byte was sent into B whose arrival in A nobody has seen yet (:meth:`delivered` makes sure)
+        self.unconfirmed = False
         #: bytes sent into B (A's tcpi_bytes_received reaches it once they all arrived), and those of them
         #: this side read back from A
         self.sent = 0
@@ -122,13 +135,19 @@ class Readiness:
     def set_readable(self, flag: bool) -> None:
         if flag == self.readable:
             return
+        if self.unconfirmed:
+            self.delivered()
         self.readable = flag
         try:
             if flag:
                 self.b.send(b"r", _NB)
                 self.sent += 1
-                if self.tcp and not self._a_readable(0):
-                    self._await_delivery()  # loopback delivery deferred to ksoftirqd
+                # its arrival is made sure of before anything that depends on it (:meth:`delivered`), not
+                # here: by then the client's report page usually says it took the byte, and no system call
+                # is needed to know (request/response: two per message, a poll and TCP_INFO, before)
+                if self.tcp:
+                    self.unconfirmed = True
+                    _unconfirmed.add(self)
             else:
                 # one read takes all that A holds (a stream read walks its whole receive queue)
                 while True:
@@ -138,6 +157,26 @@ class Readiness:
                         break
         except (BlockingIOError, InterruptedError):
             pass
+        except OSError:
+            pass
+
+    def delivered(self, client_taken: int | None = None) -> None:
+        """Make sure the last byte sent into B reached A before the caller goes on: before the next push
+        into the data channel (a client that reads a pushed tail and finds A empty waits only for the byte of
+        that very push, PUSH_BYTE_FOLLOWS), and before this side changes A again. ``client_taken``: the bytes
+        the client says it ever took from A (mod 2**32, its report page); when with what this side took they
+        are every byte sent, every byte arrived and no system call is needed. Else A's POLLIN, then its byte
+        count, as right after the send before (loopback delivery may be deferred to ksoftirqd). A client that
+        says so wrongly only confuses its own fd."""
+        if not self.unconfirmed:
+            return
+        self.unconfirmed = False
+        _unconfirmed.discard(self)
+        if client_taken is not None and (client_taken + self.taken - self.sent) & _U32 == 0:
+            return
+        try:
+            if not self._a_readable(0):
+                self._await_delivery()
         except OSError:
             pass
 
@@ -162,6 +201,8 @@ class Readiness:
         took from A (mod 2**32); when with what this side took they are every byte sent, A is empty and
         not readable without a read to make sure (a byte that was still on its way when the client emptied
         A, or a client that says so wrongly, gets the read)."""
+        if self.unconfirmed:
+            self.delivered(client_taken)
         if not readable and client_taken is not None and (client_taken + self.taken - self.sent) & _U32 == 0:
             self.readable = False
             return
@@ -188,5 +229,7 @@ class Readiness:
             pass
 
     def close(self) -> None:
+        self.unconfirmed = False
+        _unconfirmed.discard(self)
         self.a.close()
         self.b.close()

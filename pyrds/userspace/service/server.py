@@ -33,6 +33,7 @@ from pyrds.userspace.config import PeerCred, StackConfig, peer_cred, stack_addre
 from pyrds.userspace.service.eventloop import SelectorLoop
 from pyrds.userspace.service.handlers import Request, dispatch
 from pyrds.userspace.service.posting import take_post
+from pyrds.userspace.service.readiness import confirm_all
 from pyrds.userspace.service.replies import error_reply
 from pyrds.userspace.service.trust import may_connect
 from pyrds.userspace.stack.core import Stack
@@ -334,6 +335,7 @@ class Service:
             except StackError as exc:
                 raise OSError(exc.code, "CONSUMED more than was pushed") from None
         if reply:
+            confirm_all()
             rpc.send_parts(ctl.sock, [rpc.SEND_REP.pack(0, count, -1)], ctl.limit)
 
     def _posted(self, ctl: _Control, record: rpc.Buffer, outbox: Outbox) -> None:
@@ -406,6 +408,7 @@ class Service:
             log.error("unencodable reply to op %r: %s", request, exc)
             raw = rpc.encode((errno.EIO, None))
         try:
+            confirm_all()
             rpc.send_record(ctl.sock, raw, req.fds, ctl.limit)
         finally:
             self.stack.release_pushes()
@@ -444,6 +447,7 @@ class Service:
         except Exception as exc:
             reply = rpc.SEND_REP.pack(error_reply(exc)[0], 0, -1)
         try:
+            confirm_all()
             rpc.send_parts(ctl.sock, [reply], ctl.limit)
         finally:  # queued and accounted: it goes out even when the client is gone; never raises
             self.stack.release_pushes()
@@ -463,6 +467,8 @@ class Service:
                 port, scope = src[1], src[2]
             head = rpc.RECV_REP.pack(0, mflags, port, scope, len(addr), len(raw_anc))
         except Exception as exc:
+            confirm_all()
             rpc.send_parts(ctl.sock, [rpc.RECV_REP.pack(error_reply(exc)[0], 0, 0, 0, 0, 0)], ctl.limit)
             return
+        confirm_all()
         rpc.send_parts(ctl.sock, [head, addr, raw_anc, data], ctl.limit)

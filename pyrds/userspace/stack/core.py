@@ -678,6 +678,9 @@ class Stack:
         queued = len(queue)  # pushing does not change the queue
         if sink is None or rs.pushed >= queued or not rs.may_push():
             return
+        ready = rs.readiness
+        if ready is not None and ready.unconfirmed:
+            ready.delivered(rs.taken_seen & 0xFFFFFFFF)  # the last byte arrived before anything after it
         while rs.pushed < queued:
             inc = queue[rs.pushed]
             if not inc.pushable:
@@ -692,7 +695,7 @@ class Stack:
             )
             # the update_readiness that follows every push_ready makes an empty fd readable for the tail: say
             # so, so that a client that reads the message before that byte is there waits for it
-            byte_follows = tail and rs.readiness is not None and not rs.readiness.readable
+            byte_follows = tail and ready is not None and not ready.readable
             src = self._src_packed
             if src[0] is not inc.saddr:  # a connection's messages share one address object
                 src = self._src_packed = (inc.saddr, inc.saddr.packed)

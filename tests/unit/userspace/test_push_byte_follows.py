@@ -39,6 +39,8 @@ class Log(PageSink):
         self.room = 1 << 30
         self.readable = False
         self.writable = True
+        self.unconfirmed = False
+        self.trace_delivery = False  # delivered() calls in ``events`` too
 
     def push(
         self, saddr: bytes, sport: int, scope_id: int, payload: bytes, tail: bool, byte_follows: bool = False
@@ -53,7 +55,13 @@ class Log(PageSink):
     def set_readable(self, flag: bool) -> None:
         if flag != self.readable:
             self.events.append(("readable", flag))
+            self.unconfirmed = flag  # as Readiness: a byte went out, its arrival not seen yet
         self.readable = flag
+
+    def delivered(self, client_taken: int | None = None) -> None:
+        if self.trace_delivery:
+            self.events.append(("delivered", client_taken))
+        self.unconfirmed = False
 
     def set_writable(self, flag: bool) -> None:
         self.writable = flag
@@ -103,6 +111,23 @@ def test_after_the_client_emptied_the_fd_its_byte_comes_before_the_push(
     log.read, log.taken = 1, 1  # read "one", emptied the fd
     stack.pull_reads(rs)
     assert log.events == [("readable", True), ("push", (b"two", True, False))]
+
+
+def test_the_last_byte_is_confirmed_delivered_before_the_next_push(
+    receiver: tuple[Stack, SockState, Log],
+) -> None:
+    """The readiness byte's arrival is checked before the next push (with what the client's report page
+    says it took from the fd), not right after the byte was sent."""
+    stack, rs, log = receiver
+    log.trace_delivery = True
+    _deliver(stack, rs, b"one")
+    assert log.events == [("push", (b"one", True, True)), ("readable", True)]
+    assert log.unconfirmed
+    log.events.clear()
+    log.read, log.taken = 1, 1  # the client read "one" and took its byte
+    _deliver(stack, rs, b"two")
+    assert ("delivered", 1) in log.events, log.events
+    assert log.events.index(("delivered", 1)) < log.events.index(("push", (b"two", True, True))), log.events
 
 
 # -- the client's side: a real socket of a live service, its channel and readiness fd replaced by pairs the

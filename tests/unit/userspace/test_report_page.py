@@ -34,10 +34,14 @@ class Ready:
     def __init__(self) -> None:
         self.readable = False
         self.writable = True
+        self.unconfirmed = False
         self.drained: list[tuple[bool, int | None]] = []
 
     def set_readable(self, flag: bool) -> None:
         self.readable = flag
+
+    def delivered(self, client_taken: int | None = None) -> None:
+        self.unconfirmed = False
 
     def set_writable(self, flag: bool) -> None:
         self.writable = flag

@@ -97,3 +97,80 @@ def test_delivery_check_of_a_byte_already_taken_asks_tcp_info_first() -> None:
         assert counting.calls == 0
     finally:
         r.close()
+
+
+def test_a_readiness_byte_is_not_checked_for_delivery_when_sent() -> None:
+    """Making the fd readable is one send: its delivery is checked later, before anything depends on it
+    (request/response: a poll of A and a TCP_INFO per message before)."""
+    r = readiness.Readiness()
+    try:
+        if not r.tcp:
+            pytest.skip("no TCP readiness pair in this namespace")
+        counting = _CountingPoll(r._pollin)
+        r._pollin = counting  # type: ignore[assignment]
+        r.set_readable(True)
+        assert counting.calls == 0
+        assert r.unconfirmed
+    finally:
+        r.close()
+
+
+def test_a_byte_the_client_says_it_took_needs_no_delivery_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client's report page counts every byte sent as taken: it arrived, no system call asks."""
+    r = readiness.Readiness()
+    try:
+        if not r.tcp:
+            pytest.skip("no TCP readiness pair in this namespace")
+        r.set_readable(True)
+        r.a.settimeout(5)
+        assert r.a.recv(10) == b"r"  # the client empties A after reading the tail of its channel
+        counting = _CountingPoll(r._pollin)
+        r._pollin = counting  # type: ignore[assignment]
+        asked: list[int] = []
+        monkeypatch.setattr(r, "_await_delivery", lambda: asked.append(1))
+        r.delivered(client_taken=1)
+        assert (counting.calls, asked, r.unconfirmed) == (0, [], False)
+    finally:
+        r.close()
+
+
+def test_an_unconfirmed_byte_is_checked_before_the_fd_changes_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the client's word the check is the old one (A's POLLIN, then its byte count), done once, at
+    the next change of the fd: a byte read back must have arrived."""
+    r = readiness.Readiness()
+    try:
+        if not r.tcp:
+            pytest.skip("no TCP readiness pair in this namespace")
+        r.set_readable(True)
+        counting = _CountingPoll(r._pollin)
+        r._pollin = counting  # type: ignore[assignment]
+        r.set_readable(False)
+        assert counting.calls == 1 and not r.unconfirmed
+        assert r.taken == 1  # the byte was there to be read back
+        r.delivered()
+        assert counting.calls == 1  # nothing left to confirm
+    finally:
+        r.close()
+
+
+def test_every_byte_is_confirmed_before_the_service_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """confirm_all (called before every reply) checks each fd whose byte is unconfirmed, once, and forgets
+    them: a receiver a local send made readable is readable when the sender's send returns."""
+    pairs = [readiness.Readiness(), readiness.Readiness()]
+    try:
+        if not all(r.tcp for r in pairs):
+            pytest.skip("no TCP readiness pair in this namespace")
+        for r in pairs:
+            r.set_readable(True)
+        checked: list[readiness.Readiness] = []
+        for r in pairs:
+            monkeypatch.setattr(r, "_a_readable", lambda ms, r=r: checked.append(r) or True)
+        readiness.confirm_all()
+        assert sorted(map(id, checked)) == sorted(map(id, pairs))
+        assert not any(r.unconfirmed for r in pairs)
+        readiness.confirm_all()
+        assert len(checked) == 2  # nothing left to check
+    finally:
+        for r in pairs:
+            r.close()
+    assert not readiness._unconfirmed  # a closed fd is forgotten
