@@ -172,13 +172,18 @@ class Readiness:
             return
         self.unconfirmed = False
         _unconfirmed.discard(self)
-        if client_taken is not None and (client_taken + self.taken - self.sent) & _U32 == 0:
+        if self._all_taken(client_taken):
             return
         try:
             if not self._a_readable(0):
                 self._await_delivery()
         except OSError:
             pass
+
+    def _all_taken(self, client_taken: int | None) -> bool:
+        """``client_taken`` (the bytes the client says it ever took from A, mod 2**32) and what this side
+        read back from A are every byte sent: all of them arrived, and A is empty."""
+        return client_taken is not None and (client_taken + self.taken - self.sent) & _U32 == 0
 
     def _await_delivery(self) -> None:
         """A was not readable just after a byte was sent into B: wait (at most ~100 ms) until A's TCP has
@@ -203,7 +208,7 @@ class Readiness:
         A, or a client that says so wrongly, gets the read)."""
         if self.unconfirmed:
             self.delivered(client_taken)
-        if not readable and client_taken is not None and (client_taken + self.taken - self.sent) & _U32 == 0:
+        if not readable and self._all_taken(client_taken):
             self.readable = False
             return
         self.readable = not readable
