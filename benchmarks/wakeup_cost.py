@@ -110,7 +110,11 @@ def code_module(n: int, directory: Path, mypyc: str | None = None) -> ModuleType
         for old in directory.glob(f"{name}.*.so"):
             old.unlink()
     if mypyc and not any(directory.glob(f"{name}.*.so")):
-        res = subprocess.run([mypyc, source.name], cwd=directory, capture_output=True, text=True)
+        try:
+            res = subprocess.run([mypyc, source.name], cwd=directory, capture_output=True, text=True,
+                                 timeout=900)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError("mypyc failed: no result within 900 s") from None
         if res.returncode != 0:
             raise RuntimeError(f"mypyc failed: {res.stdout[-2000:]}{res.stderr[-2000:]}")
     if str(directory) not in sys.path:
