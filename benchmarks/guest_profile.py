@@ -132,6 +132,8 @@ def profile_kind(
             roles = {pid: role_of(cmd) for pid, cmd in _cmdlines().items()}
             rec = subprocess.run(["perf", "record", "-a", "-F", str(freq), "-o", str(data), "--", "sleep",
                                   str(sample)], capture_output=True, text=True, timeout=sample + 300)
+            # and the processes that started while perf sampled (the cell still runs: warmup + sample < -T)
+            roles.update({pid: role_of(cmd) for pid, cmd in _cmdlines().items() if pid not in roles})
             cell.join(seconds + 300)
         finally:
             teardown([a, b])
