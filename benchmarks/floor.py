@@ -353,15 +353,22 @@ def run_cell(
     return rate
 
 
+def floor_pair(tag: str) -> tuple[Node, Node]:
+    """The namespace pair the cells run in (topology.make_pair), its stacks dialing each other on
+    USERSPACE_PORT."""
+    a, b = make_pair(tag, "10.97.0")
+    for node in (a, b):
+        node.env.update({"PYRDS_TCP_PORT": str(USERSPACE_PORT), "PYRDS_TCP_PEER_PORT": str(USERSPACE_PORT)})
+    return a, b
+
+
 def measure(seconds: float, repeat: int, kinds: Sequence[str] = KINDS) -> list[dict[str, Any]]:
     """Every cell of CELLS for every kind, alternating, ``repeat`` times, in one namespace pair of its own
     (the stacks dial each other on USERSPACE_PORT; no nftables redirect, which topology.userspace_node adds
     for mixed pairs: the kernel's RDS/TCP keeps 16385 to itself here)."""
     relay_c = relay_c_binary() if "relay-c" in kinds else None
     kinds = [k for k in kinds if k != "relay-c" or relay_c is not None]
-    a, b = make_pair("fl", "10.97.0")
-    for node in (a, b):
-        node.env.update({"PYRDS_TCP_PORT": str(USERSPACE_PORT), "PYRDS_TCP_PEER_PORT": str(USERSPACE_PORT)})
+    a, b = floor_pair("fl")
     rows: list[dict[str, Any]] = []
     try:
         for rep in range(repeat):

@@ -107,14 +107,13 @@ def profile_kind(
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
     import floor
-    from topology import USERSPACE_PORT, make_pair, teardown
+    from topology import teardown
 
-    a, b = make_pair("gp", "10.97.0")
+    a, b = floor.floor_pair("gp")
     # this tree for every process of the cell, the stack services it autostarts included
     path = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)
     for node in (a, b):
-        node.env.update({"PYRDS_TCP_PORT": str(USERSPACE_PORT), "PYRDS_TCP_PEER_PORT": str(USERSPACE_PORT),
-                         "PYTHONPATH": path})
+        node.env["PYTHONPATH"] = path
     result: dict[str, Any] = {}
 
     def run() -> None:
