@@ -96,8 +96,11 @@ def _cmdlines() -> dict[int, str]:
 
 
 def _report(data: Path, *args: str) -> str:
+    """``perf report``'s text; RuntimeError when it fails (an empty report is not "no samples")."""
     cmd = ["perf", "report", "-i", str(data), "--stdio", *args]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"perf report failed: {res.stderr[-500:]}")
     return res.stdout
 
 
@@ -138,8 +141,11 @@ def profile_kind(
             teardown([a, b])
         if rec.returncode != 0 or not data.exists():
             return {"kind": kind, "error": f"perf record failed: {rec.stderr[-500:]}", **result}
-        procs = parse_pid_dso(_report(data, "--sort", "pid,dso"))
-        symbols = parse_symbols(_report(data, "--sort", "pid,sym"), top)
+        try:
+            procs = parse_pid_dso(_report(data, "--sort", "pid,dso"))
+            symbols = parse_symbols(_report(data, "--sort", "pid,sym"), top)
+        except RuntimeError as exc:
+            return {"kind": kind, **result, "error": str(exc)}
         rows: list[dict[str, Any]] = []
         for pid, p in sorted(procs.items(), key=lambda kv: -kv[1]["total"]):
             role = "idle" if pid == 0 else roles.get(pid, "other")

@@ -84,3 +84,14 @@ def test_no_perf_is_said_not_sampled(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": str(tmp_path)}
     res = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 1 and "no perf" in res.stderr and "PYRDS-PROFILE-JSON" not in res.stdout
+
+
+def test_a_failing_perf_report_is_an_error_not_an_empty_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    perf = tmp_path / "perf"
+    perf.write_text("#!/bin/sh\necho 'no samples file' >&2\nexit 255\n")
+    perf.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with bench_modules(["guest_profile"]) as mods, pytest.raises(RuntimeError, match="no samples file"):
+        mods["guest_profile"]._report(tmp_path / "perf.data", "--sort", "pid")
