@@ -131,16 +131,25 @@ def profile_kind(
         try:
             cell.start()
             time.sleep(warmup)
-            roles = {pid: role_of(cmd) for pid, cmd in _cmdlines().items()}
-            rec = subprocess.run(["perf", "record", "-a", "-F", str(freq), "-o", str(data), "--", "sleep",
-                                  str(sample)], capture_output=True, text=True, timeout=sample + 300)
-            # and the processes that started while perf sampled (the cell still runs: warmup + sample < -T)
-            roles.update({pid: role_of(cmd) for pid, cmd in _cmdlines().items() if pid not in roles})
+            record = ["perf", "record", "-a", "-F", str(freq), "-o", str(data), "--", "sleep", str(sample)]
+            rec = subprocess.Popen(record, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            # every process seen while perf samples, short-lived ones too (a service's launcher, which forks
+            # the daemon and exits): looked at every 0.2 s until perf is done
+            roles: dict[int, str] = {}
+            deadline = time.monotonic() + sample + 300
+            while True:
+                roles.update({pid: role_of(cmd) for pid, cmd in _cmdlines().items() if pid not in roles})
+                if rec.poll() is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            if rec.poll() is None:
+                rec.kill()
+            _, rec_err = rec.communicate()
             cell.join(seconds + 300)
         finally:
             teardown([a, b])
         if rec.returncode != 0 or not data.exists():
-            return {"kind": kind, "error": f"perf record failed: {rec.stderr[-500:]}", **result}
+            return {"kind": kind, "error": f"perf record failed: {rec_err[-500:]}", **result}
         try:
             procs = parse_pid_dso(_report(data, "--sort", "pid,dso"))
             symbols = parse_symbols(_report(data, "--sort", "pid,sym"), top)
