@@ -44,6 +44,7 @@ sys.path.insert(0, str(HERE))
 # (appended: a tree named by PYTHONPATH, or an installed one, still comes first)
 sys.path.append(str(HERE.parent))
 
+from report import best_rates  # noqa: E402
 from topology import USERSPACE_PORT, Node, make_pair, teardown  # noqa: E402
 
 AF_RDS = 21
@@ -388,15 +389,6 @@ def measure(seconds: float, repeat: int, kinds: Sequence[str] = KINDS) -> list[d
     return rows
 
 
-def best(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, float]]:
-    """(mode, size) -> kind -> the best rate of its repeats (the one least disturbed by the machine)."""
-    out: dict[tuple[str, int], dict[str, float]] = {}
-    for r in rows:
-        cell = out.setdefault((r["mode"], r["size"]), {})
-        cell[r["kind"]] = max(cell.get(r["kind"], 0.0), r["msgs_per_s"])
-    return out
-
-
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("end", "relay"):
         if sys.argv[1] == "relay":
@@ -412,7 +404,7 @@ def main() -> None:
     ap.add_argument("--kinds", default=",".join(KINDS), help="rows, comma-separated")
     args = ap.parse_args()
     rows = measure(args.duration, args.repeat, [k for k in args.kinds.split(",") if k])
-    for (mode, size), rates in best(rows).items():
+    for (mode, size), rates in best_rates(rows).items():
         line = f"{mode} {size} B, best msgs/s: " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
         if {"kernel", "relay", "userspace"} <= rates.keys():
             k, r, u = rates["kernel"], rates["relay"], rates["userspace"]

@@ -355,6 +355,16 @@ def _fanin_section(sec: dict[str, Any] | None) -> list[str]:
     return out + [""]
 
 
+def best_rates(rows: Any) -> dict[tuple[str, int], dict[str, float]]:
+    """Floor rows (benchmarks/floor.py): (mode, size) -> kind -> the best rate of its repeats (the one least
+    disturbed by the machine)."""
+    out: dict[tuple[str, int], dict[str, float]] = {}
+    for r in rows:
+        cell = out.setdefault((r["mode"], r["size"]), {})
+        cell[r["kind"]] = max(cell.get(r["kind"], 0.0), r.get("msgs_per_s") or 0.0)
+    return out
+
+
 def _floor_section(sec: dict[str, Any] | None) -> list[str]:
     out = ["## Floor: what the process structure costs before any RDS work (benchmarks/floor.py)", ""]
     if not sec:
@@ -388,11 +398,7 @@ def _floor_section(sec: dict[str, Any] | None) -> list[str]:
     ratios += [("userspace", "relay"), *([("userspace", "relay-c")] if compiled else [])]
     head = [f"{k} msgs/s" for k in kinds] + [f"{x} / {y}" for x, y in ratios]
     out += ["", "| cell | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
-    best: dict[tuple[str, int], dict[str, float]] = {}
-    for r in rows:
-        cell = best.setdefault((r["mode"], r["size"]), {})
-        cell[r["kind"]] = max(cell.get(r["kind"], 0.0), r.get("msgs_per_s") or 0.0)
-    for (mode, size), rates in best.items():
+    for (mode, size), rates in best_rates(rows).items():
         name = ("request/response" if mode == "rr" else "one-way") + f" {_size(size)}"
         cells = [name, *(_fmt(rates.get(k)) for k in kinds)]
         cells += [_ratio(rates.get(x), rates.get(y)) for x, y in ratios]
