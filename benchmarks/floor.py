@@ -12,6 +12,12 @@ guest boot, request/response between two namespaces joined by a veth pair, each 
   userspace stack with none of its work (no RDS header, sequence, ack, accounting, readiness fd);
 - ``relay-c``: the same relay compiled from benchmarks/relay.c (same wire, same flow control), when a C
   compiler is there: the structure with compiled middle processes, what a service written in C starts from;
+- ``relay-c-stack`` (only when asked for, ``--kinds``): relay.c in its ``stack`` mode, which adds the
+  system calls the userspace stack's service makes per message besides the relay's (a readiness byte over
+  loopback TCP after every delivery, and a non-blocking read of that fd by the client end after every
+  message, as pyrds's client empties its readiness fd; a SIOCOUTQ after every TCP write; a 48-byte frame
+  header with a checked sequence number): what a compiled service that keeps today's system calls would
+  reach;
 - ``userspace``: the same loop on ``pyrds.socket("userspace")``.
 
 ``relay / kernel`` is the ceiling of any stack built this way in Python on this machine (``relay-c /
@@ -145,6 +151,14 @@ def _relay_client(tag: str) -> socket.socket:
     return s
 
 
+def _readiness_fd(relay: socket.socket) -> socket.socket:
+    """relay.c's stack mode: the readiness fd it hands over as the first packet's descriptor."""
+    _data, fds, _flags, _addr = socket.recv_fds(relay, 1, 1)
+    if len(fds) != 1:
+        raise RuntimeError("relay-c-stack: no readiness fd in the first packet")
+    return socket.socket(fileno=fds[0])
+
+
 def cmd_end(kind: str, role: str, addr: str, peer: str, size: int, seconds: float) -> None:
     """One end of one cell: ``kind`` kernel, userspace (an RDS socket bound at ``addr``) or relay (the
     relay client of namespace tag ``addr``); ``role`` req, resp, send or recv."""
@@ -152,6 +166,20 @@ def cmd_end(kind: str, role: str, addr: str, peer: str, size: int, seconds: floa
         r = _relay_client(addr)
         send, recv = r.send, r.recv
         recvfrom, sendto = (lambda n: (r.recv(n), None)), (lambda d, _a: r.send(d))
+    elif kind == "relay-stack":
+        r = _relay_client(addr)
+        ready = _readiness_fd(r)
+        send = r.send
+
+        def recv(n: int) -> bytes:
+            data = r.recv(n)
+            try:  # the bytes sent after the deliveries, as pyrds's client empties its fd: one read
+                ready.recv(4096, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                pass  # not there yet: the next read takes it
+            return data
+
+        recvfrom, sendto = (lambda n: (recv(n), None)), (lambda d, _a: r.send(d))
     else:
         s = _rds_socket(kind, addr)
         dest = (peer, RDS_PORT)
@@ -291,6 +319,9 @@ def _deliver(client: socket.socket, backlog: list[bytes]) -> None:
 
 # -- the driver
 KINDS = ("kernel", "relay", "relay-c", "userspace")
+#: every kind ``--kinds`` takes; the last only when asked for
+ALL_KINDS = (*KINDS, "relay-c-stack")
+COMPILED = {"relay-c", "relay-c-stack"}
 #: (mode, message size): issue 10's two userspace targets
 CELLS = (("rr", 1024), ("oneway", 65536))
 
@@ -317,18 +348,22 @@ def run_cell(
     kind: str, mode: str, a: Node, b: Node, size: int, seconds: float, relay_c: str | None = None
 ) -> float:
     """One cell: the measuring end (requester, or receiver for one-way) reports its rate. ``relay_c``: the
-    compiled relay (:func:`relay_c_binary`), for kind ``relay-c``."""
+    compiled relay (:func:`relay_c_binary`), for kinds ``relay-c`` and ``relay-c-stack``."""
     relays: list[Any] = []
-    if kind in ("relay", "relay-c"):
-        compiled = kind == "relay-c"
+    if kind in ("relay", "relay-c", "relay-c-stack"):
+        compiled = kind != "relay"
         if compiled and relay_c is None:
-            raise ValueError("relay-c needs the compiled relay")
+            raise ValueError(f"{kind} needs the compiled relay")
         lead = () if compiled else ("relay",)  # this script's subcommand; relay.c takes the rest as it is
+        tail = ("stack",) if kind == "relay-c-stack" else ()
         port = str(RELAY_TCP_PORT)
         for node, tag, role, peer in ((b, "b", "listen", "-"), (a, "a", "connect", b.addr)):
-            relays.append(_spawn(node, *lead, tag, role, peer, port, binary=relay_c if compiled else None))
+            relays.append(
+                _spawn(node, *lead, tag, role, peer, port, *tail, binary=relay_c if compiled else None)
+            )
             _ready(relays[-1])  # the listener first: the other one dials it
-        kind = "relay"  # the ends are the same relay clients
+        # the ends are the same relay clients (stack mode: which also read the readiness fd)
+        kind = "relay-stack" if tail else "relay"
         at_a, at_b = "a", "b"
     else:
         at_a, at_b = a.addr, b.addr
@@ -367,8 +402,11 @@ def measure(seconds: float, repeat: int, kinds: Sequence[str] = KINDS) -> list[d
     """Every cell of CELLS for every kind, alternating, ``repeat`` times, in one namespace pair of its own
     (the stacks dial each other on USERSPACE_PORT; no nftables redirect, which topology.userspace_node adds
     for mixed pairs: the kernel's RDS/TCP keeps 16385 to itself here)."""
-    relay_c = relay_c_binary() if "relay-c" in kinds else None
-    kinds = [k for k in kinds if k != "relay-c" or relay_c is not None]
+    unknown = sorted(set(kinds) - set(ALL_KINDS))
+    if unknown:
+        raise ValueError(f"unknown kinds: {', '.join(unknown)} (known: {', '.join(ALL_KINDS)})")
+    relay_c = relay_c_binary() if COMPILED & set(kinds) else None
+    kinds = [k for k in kinds if k not in COMPILED or relay_c is not None]
     a, b = floor_pair("fl")
     rows: list[dict[str, Any]] = []
     try:
@@ -401,9 +439,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("-T", "--duration", type=float, default=4.0)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--kinds", default=",".join(KINDS), help="rows, comma-separated")
+    ap.add_argument(
+        "--kinds", default=",".join(KINDS), help=f"rows, comma-separated, of {', '.join(ALL_KINDS)}"
+    )
     args = ap.parse_args()
-    rows = measure(args.duration, args.repeat, [k for k in args.kinds.split(",") if k])
+    kinds = [k for k in args.kinds.split(",") if k]
+    if not set(kinds) <= set(ALL_KINDS):
+        ap.error(f"--kinds: unknown {', '.join(sorted(set(kinds) - set(ALL_KINDS)))}")
+    rows = measure(args.duration, args.repeat, kinds)
     for (mode, size), rates in best_rates(rows).items():
         line = f"{mode} {size} B, best msgs/s: " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
         if {"kernel", "relay", "userspace"} <= rates.keys():
@@ -414,6 +457,8 @@ def main() -> None:
         if {"kernel", "relay-c", "userspace"} <= rates.keys():
             k, c, u = rates["kernel"], rates["relay-c"], rates["userspace"]
             line += f"; relay-c/kernel {c / k:.2f}x, userspace/relay-c {u / c:.2f}x"
+        if {"kernel", "relay-c-stack"} <= rates.keys():
+            line += f"; relay-c-stack/kernel {rates['relay-c-stack'] / rates['kernel']:.2f}x"
         print(line, flush=True)
     print("PYRDS-FLOOR-JSON " + json.dumps({"rows": rows, "kernel": os.uname().release}), flush=True)
 

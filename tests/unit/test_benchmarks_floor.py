@@ -66,9 +66,65 @@ def test_compiled_relay_carries_messages_whole_and_in_order_both_ways() -> None:
                     p.wait()
 
 
-def _exchange_both_ways(a: socket.socket, b: socket.socket) -> None:
+def test_compiled_relay_stack_mode_adds_the_readiness_byte_per_delivery() -> None:
+    """relay.c's ``stack`` mode (the ``relay-c-stack`` row): each client gets a readiness fd as the first
+    packet's descriptor, the same traffic goes across whole and in order (the 48-byte header's sequence
+    is checked by the receiving relay, which would exit 3), and each client's fd holds one byte per message
+    delivered to it."""
+    with bench_modules(["floor"], ["topology"]) as mods:
+        floor = mods["floor"]
+        binary = floor.relay_c_binary()
+        if binary is None:
+            pytest.skip("no C compiler: floor.py measures no relay-c rows here either")
+        tag = uuid.uuid4().hex[:8]
+        port = str(20000 + (int(tag[:4], 16) + 4099) % 20000)
+        names = (tag + "b", tag + "a")
+        procs = [
+            subprocess.Popen(
+                [binary, names[0], "listen", "-", port, "stack"], stdout=subprocess.PIPE, text=True
+            )
+        ]
+        readies: list[socket.socket] = []
+        try:
+            assert procs[0].stdout is not None and procs[0].stdout.readline().strip() == "ready"
+            procs.append(
+                subprocess.Popen(
+                    [binary, names[1], "connect", "127.0.0.1", port, "stack"], stdout=subprocess.PIPE
+                )
+            )
+            a, b = _connect(floor, names[1]), _connect(floor, names[0])
+            readies = [floor._readiness_fd(a), floor._readiness_fd(b)]
+            for r in readies:
+                r.settimeout(20)
+            messages = _exchange_both_ways(a, b)
+            for r in readies:  # one byte per message each client received
+                got = 0
+                while got < messages:
+                    chunk = r.recv(4096)
+                    assert chunk, "the relay closed the readiness fd early"
+                    got += len(chunk)
+                assert got == messages
+            for p in procs:
+                assert p.wait(10) == 0
+        finally:
+            for r in readies:
+                r.close()
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+
+def test_floor_refuses_unknown_kinds() -> None:
+    with bench_modules(["floor"], ["topology"]) as mods:
+        with pytest.raises(ValueError, match="unknown kinds: relay-x"):
+            mods["floor"].measure(1.0, 1, ["kernel", "relay-x"])
+
+
+def _exchange_both_ways(a: socket.socket, b: socket.socket) -> int:
     """Sizes from 0 to 200 KiB from a to b, then from b to a: each one whole, in order, the receiver
-    reading only after everything was sent (so the relays' flow control is on the way). Closes both."""
+    reading only after everything was sent (so the relays' flow control is on the way). Closes both;
+    returns how many messages went each way."""
     sizes = [0, 1, 4, 1024, 65536, 200 * 1024, 7, 0, 3000] * 20
     try:
         for sender, receiver in ((a, b), (b, a)):
@@ -82,6 +138,7 @@ def _exchange_both_ways(a: socket.socket, b: socket.socket) -> None:
     finally:
         a.close()
         b.close()
+    return len(sizes)
 
 
 def _connect(floor: Any, name: str) -> socket.socket:
