@@ -124,11 +124,10 @@ class RDSSocketBase(abc.ABC):
     def sendto(self, data: ReadableBuffer, *args: Any) -> int:
         """``sendto(data, address)`` or ``sendto(data, flags, address)``, like the stdlib."""
         if len(args) == 1:
-            flags, address = 0, args[0]
-        elif len(args) == 2:
-            flags, address = args
-        else:
+            return self.sendmsg([data], (), 0, args[0])  # flags 0: nothing to convert
+        if len(args) != 2:
             raise TypeError(f"sendto() takes 2 or 3 arguments ({len(args) + 1} given)")
+        flags, address = args
         return self.sendmsg([data], (), c_int(flags), address)
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:

@@ -139,11 +139,6 @@ def _source(raw: bytes, port: int, scope: int) -> SockAddr:
     return addr
 
 
-def _iterable(buffers: Any) -> Any:
-    """``sendmsg``'s buffers: a list as is (the common case), else checked like the stdlib."""
-    return buffers if type(buffers) is list else send_buffers(buffers)
-
-
 def _refusal(ctl: socket.socket) -> int:
     """The errno of a refusal record the service left on a control connection it then closed (it had no
     descriptor or memory for it), else 0. Called after the connection failed: never blocks."""
@@ -474,7 +469,12 @@ class RDSSocket(RDSSocketBase):
         data = self._data.fileno()
         p.register(data, _POLLIN)
         got = _poll_until(p, deadline)
-        return None if got is None else any(fd == data for fd, _ev in got)
+        if got is None:
+            return None
+        for fd, _ev in got:
+            if fd == data:
+                return True
+        return False
 
     def _wait(self, events: int, deadline: float | None) -> bool:
         """poll() the readiness fd (and, for input, the data channel); False on timeout."""
@@ -522,7 +522,10 @@ class RDSSocket(RDSSocketBase):
         if type(flags) is not int or not _INT_MIN <= flags <= _INT_MAX:
             flags = c_int(flags)
         dest = None if address is None else _pack_dest(address)
-        bufs: list[rpc.Buffer] = [b if type(b) is bytes else readable_view(b) for b in _iterable(buffers)]
+        bufs: list[rpc.Buffer] = [  # a list as is (the common case), else checked like the stdlib
+            b if type(b) is bytes else readable_view(b)
+            for b in (buffers if type(buffers) is list else send_buffers(buffers))
+        ]
         anc = send_ancdata(ancdata) if ancdata else []
         # CPython's rules: no timeout -> the call blocks unless MSG_DONTWAIT; timeout 0 -> non-blocking;
         # timeout > 0 -> the fd is non-blocking for the kernel, CPython polls first and retries on EAGAIN.
@@ -530,7 +533,7 @@ class RDSSocket(RDSSocketBase):
         blocking = self._timeout is None and not flags & _MSG_DONTWAIT
         deadline = None if self._timeout is None else self._deadline()
         raw_anc = rpc.encode(anc) if anc else b""
-        size = sum(len(b) for b in bufs)
+        size = len(bufs[0]) if len(bufs) == 1 else sum(len(b) for b in bufs)  # one buffer: no generator
         oversize = size > RDS_MAX_MSG_SIZE
         if oversize:
             # more than any RDS message (EMSGSIZE), possibly more than a control record holds: the stack
@@ -563,15 +566,28 @@ class RDSSocket(RDSSocketBase):
                     raise TimeoutError("timed out") from None
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        bufsize, flags = c_ssize(bufsize), c_int(flags)
-        if bufsize < 0:
-            raise ValueError("negative buffersize in recv")
+        # plain ints in range (every call of a well-behaved program) skip the conversions' two Python calls
+        if not (
+            type(bufsize) is int
+            and type(flags) is int
+            and 0 <= bufsize <= _SSIZE_MAX
+            and _INT_MIN <= flags <= _INT_MAX
+        ):
+            bufsize, flags = c_ssize(bufsize), c_int(flags)
+            if bufsize < 0:
+                raise ValueError("negative buffersize in recv")
         return self.recvmsg(bufsize, 0, flags)[0]
 
     def recvfrom(self, bufsize: int, flags: int = 0) -> tuple[bytes, SockAddr]:
-        bufsize, flags = c_ssize(bufsize), c_int(flags)
-        if bufsize < 0:
-            raise ValueError("negative buffersize in recvfrom")
+        if not (
+            type(bufsize) is int
+            and type(flags) is int
+            and 0 <= bufsize <= _SSIZE_MAX
+            and _INT_MIN <= flags <= _INT_MAX
+        ):
+            bufsize, flags = c_ssize(bufsize), c_int(flags)
+            if bufsize < 0:
+                raise ValueError("negative buffersize in recvfrom")
         data, _anc, _flags, addr = self.recvmsg(bufsize, 0, flags)
         sender: SockAddr = addr
         return data, sender
