@@ -139,6 +139,15 @@ def _source(raw: bytes, port: int, scope: int) -> SockAddr:
     return addr
 
 
+def _recv_args(bufsize: Any, flags: Any, name: str) -> tuple[int, int]:
+    """``recv``/``recvfrom``'s arguments as CPython's ``"n"`` and ``"i"`` formats take them, with its errors
+    (the callers skip this for plain ints in range)."""
+    size, flag = c_ssize(bufsize), c_int(flags)
+    if size < 0:
+        raise ValueError(f"negative buffersize in {name}")
+    return size, flag
+
+
 def _refusal(ctl: socket.socket) -> int:
     """The errno of a refusal record the service left on a control connection it then closed (it had no
     descriptor or memory for it), else 0. Called after the connection failed: never blocks."""
@@ -566,28 +575,16 @@ class RDSSocket(RDSSocketBase):
                     raise TimeoutError("timed out") from None
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        # plain ints in range (every call of a well-behaved program) skip the conversions' two Python calls
-        if not (
-            type(bufsize) is int
-            and type(flags) is int
-            and 0 <= bufsize <= _SSIZE_MAX
-            and _INT_MIN <= flags <= _INT_MAX
-        ):
-            bufsize, flags = c_ssize(bufsize), c_int(flags)
-            if bufsize < 0:
-                raise ValueError("negative buffersize in recv")
+        # plain ints in range (every call of a well-behaved program) skip the conversions' Python calls
+        plain = type(bufsize) is int and type(flags) is int
+        if not (plain and 0 <= bufsize <= _SSIZE_MAX and _INT_MIN <= flags <= _INT_MAX):
+            bufsize, flags = _recv_args(bufsize, flags, "recv")
         return self.recvmsg(bufsize, 0, flags)[0]
 
     def recvfrom(self, bufsize: int, flags: int = 0) -> tuple[bytes, SockAddr]:
-        if not (
-            type(bufsize) is int
-            and type(flags) is int
-            and 0 <= bufsize <= _SSIZE_MAX
-            and _INT_MIN <= flags <= _INT_MAX
-        ):
-            bufsize, flags = c_ssize(bufsize), c_int(flags)
-            if bufsize < 0:
-                raise ValueError("negative buffersize in recvfrom")
+        plain = type(bufsize) is int and type(flags) is int
+        if not (plain and 0 <= bufsize <= _SSIZE_MAX and _INT_MIN <= flags <= _INT_MAX):
+            bufsize, flags = _recv_args(bufsize, flags, "recvfrom")
         data, _anc, _flags, addr = self.recvmsg(bufsize, 0, flags)
         sender: SockAddr = addr
         return data, sender

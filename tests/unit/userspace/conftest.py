@@ -1,5 +1,6 @@
 """Fixtures: every test gets its own stack service (unique PYRDS_STACK_NAME, no TCP listener clash);
-``userspace_netns_pair``: two userspace stacks in two network namespaces."""
+``userspace_netns_pair``: two userspace stacks in two network namespaces; ``loop_pair``: two userspace sockets
+on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+import pyrds
 
 
 @pytest.fixture(autouse=True)
@@ -77,3 +80,21 @@ def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     """A connected loopback TCP pair: (ours, non-blocking; the peer's end)."""
     with tcp_connection() as pair:
         yield pair
+
+
+@pytest.fixture
+def loop_pair() -> Iterator[tuple[Any, Any, Any]]:
+    """A receiving and a sending userspace socket on 127.0.0.1 (the loop connection set up by a first
+    message, read), and the receiver's address."""
+    rx = pyrds.socket("userspace")
+    tx = pyrds.socket("userspace")
+    try:
+        rx.bind(("127.0.0.1", 0))
+        tx.bind(("127.0.0.1", 0))
+        dest = rx.getsockname()
+        tx.sendto(b"warm", dest)
+        assert rx.recv(100) == b"warm"
+        yield rx, tx, dest
+    finally:
+        rx.close()
+        tx.close()

@@ -10,12 +10,10 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-import pyrds
 from pyrds.userspace.client import socket as client_socket
 from pyrds.userspace.service.readiness import Readiness
 
@@ -36,24 +34,6 @@ class _CountingPoll:
     def poll(self, timeout: Any = None) -> list[tuple[int, int]]:
         type(self).calls += 1
         return self._p.poll(timeout)
-
-
-@pytest.fixture
-def loop_pair() -> Iterator[tuple[Any, Any, Any]]:
-    """A receiving and a sending userspace socket on 127.0.0.1 (the loop connection set up by a first
-    message, read), and the receiver's address."""
-    rx = pyrds.socket("userspace")
-    tx = pyrds.socket("userspace")
-    try:
-        rx.bind(("127.0.0.1", 0))
-        tx.bind(("127.0.0.1", 0))
-        dest = rx.getsockname()
-        tx.sendto(b"warm", dest)
-        assert rx.recv(100) == b"warm"
-        yield rx, tx, dest
-    finally:
-        rx.close()
-        tx.close()
 
 
 def test_a_blocking_recv_that_waits_polls_once(
