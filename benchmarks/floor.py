@@ -15,7 +15,7 @@ guest boot, request/response between two namespaces joined by a veth pair, each 
 - ``relay-c-stack`` (only when asked for, ``--kinds``): relay.c in its ``stack`` mode, which adds the
   system calls the userspace stack's service makes per message besides the relay's (a readiness byte over
   loopback TCP after every delivery, and a non-blocking read of that fd by the client end after every
-  message, as pyrds's client empties its readiness fd; a SIOCOUTQ after every TCP write; a 48-byte frame
+  message, as pyrds's client empties its readiness fd; a SIOCOUTQ with every TCP write; a 48-byte frame
   header with a checked sequence number): what a compiled service that keeps today's system calls would
   reach;
 - ``userspace``: the same loop on ``pyrds.socket("userspace")``.

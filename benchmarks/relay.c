@@ -16,7 +16,8 @@
  * - a readiness pair over loopback TCP, its client end A handed to the client as the first packet's only
  *   descriptor (SCM_RIGHTS, one byte of data), and one byte into it after every message delivered (the
  *   stack sends one when the socket becomes readable: in request/response, once per message);
- * - SIOCOUTQ on the TCP socket after every write (the stack's ack check, TcpPath.check_acks);
+ * - SIOCOUTQ on the TCP socket with every write (the stack's ack check, TcpPath.check_acks, which the
+ *   service makes 0.6-0.8 times per round trip: one per write overstates it a little);
  * - a 48-byte frame header, the RDS header's size: the length, then a 64-bit sequence number that the
  *   receiving relay checks (a frame out of sequence ends it with status 3), then zeros. */
 #define _GNU_SOURCE
