@@ -159,26 +159,29 @@ def _readiness_fd(relay: socket.socket) -> socket.socket:
     return socket.socket(fileno=fds[0])
 
 
+def _emptying(recv: Any, ready: socket.socket) -> Any:
+    """``recv`` that then empties ``ready`` with one non-blocking read, as pyrds's client empties its
+    readiness fd after a read (a byte not there yet is taken by the next read)."""
+
+    def recv_and_empty(n: int) -> bytes:
+        data: bytes = recv(n)
+        try:
+            ready.recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            pass
+        return data
+
+    return recv_and_empty
+
+
 def cmd_end(kind: str, role: str, addr: str, peer: str, size: int, seconds: float) -> None:
     """One end of one cell: ``kind`` kernel, userspace (an RDS socket bound at ``addr``) or relay (the
     relay client of namespace tag ``addr``); ``role`` req, resp, send or recv."""
-    if kind == "relay":
+    if kind in ("relay", "relay-stack"):
         r = _relay_client(addr)
         send, recv = r.send, r.recv
-        recvfrom, sendto = (lambda n: (r.recv(n), None)), (lambda d, _a: r.send(d))
-    elif kind == "relay-stack":
-        r = _relay_client(addr)
-        ready = _readiness_fd(r)
-        send = r.send
-
-        def recv(n: int) -> bytes:
-            data = r.recv(n)
-            try:  # the bytes sent after the deliveries, as pyrds's client empties its fd: one read
-                ready.recv(4096, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                pass  # not there yet: the next read takes it
-            return data
-
+        if kind == "relay-stack":
+            recv = _emptying(recv, _readiness_fd(r))
         recvfrom, sendto = (lambda n: (recv(n), None)), (lambda d, _a: r.send(d))
     else:
         s = _rds_socket(kind, addr)
@@ -350,8 +353,8 @@ def run_cell(
     """One cell: the measuring end (requester, or receiver for one-way) reports its rate. ``relay_c``: the
     compiled relay (:func:`relay_c_binary`), for kinds ``relay-c`` and ``relay-c-stack``."""
     relays: list[Any] = []
-    if kind in ("relay", "relay-c", "relay-c-stack"):
-        compiled = kind != "relay"
+    if kind == "relay" or kind in COMPILED:
+        compiled = kind in COMPILED
         if compiled and relay_c is None:
             raise ValueError(f"{kind} needs the compiled relay")
         lead = () if compiled else ("relay",)  # this script's subcommand; relay.c takes the rest as it is
@@ -398,13 +401,18 @@ def floor_pair(tag: str) -> tuple[Node, Node]:
     return a, b
 
 
+def check_kinds(kinds: Sequence[str]) -> None:
+    """ValueError naming every kind not in :data:`ALL_KINDS`."""
+    unknown = sorted(set(kinds) - set(ALL_KINDS))
+    if unknown:
+        raise ValueError(f"unknown kinds: {', '.join(unknown)} (known: {', '.join(ALL_KINDS)})")
+
+
 def measure(seconds: float, repeat: int, kinds: Sequence[str] = KINDS) -> list[dict[str, Any]]:
     """Every cell of CELLS for every kind, alternating, ``repeat`` times, in one namespace pair of its own
     (the stacks dial each other on USERSPACE_PORT; no nftables redirect, which topology.userspace_node adds
     for mixed pairs: the kernel's RDS/TCP keeps 16385 to itself here)."""
-    unknown = sorted(set(kinds) - set(ALL_KINDS))
-    if unknown:
-        raise ValueError(f"unknown kinds: {', '.join(unknown)} (known: {', '.join(ALL_KINDS)})")
+    check_kinds(kinds)
     relay_c = relay_c_binary() if COMPILED & set(kinds) else None
     kinds = [k for k in kinds if k not in COMPILED or relay_c is not None]
     a, b = floor_pair("fl")
@@ -444,8 +452,10 @@ def main() -> None:
     )
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
-    if not set(kinds) <= set(ALL_KINDS):
-        ap.error(f"--kinds: unknown {', '.join(sorted(set(kinds) - set(ALL_KINDS)))}")
+    try:
+        check_kinds(kinds)
+    except ValueError as exc:
+        ap.error(f"--kinds: {exc}")
     rows = measure(args.duration, args.repeat, kinds)
     for (mode, size), rates in best_rates(rows).items():
         line = f"{mode} {size} B, best msgs/s: " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
