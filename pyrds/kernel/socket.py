@@ -314,9 +314,11 @@ class RDSSocket(RDSSocketBase):
             fcntl.fcntl(fileno, fcntl.F_SETFL, flags)
         self._calls = _data_calls(self._v4, self._v6, FASTCALL)
         # the instance's own attributes: s.recv(...) calls the closure (or the C method) with no Python
-        # method in between; a subclass that overrides a data call keeps its override
+        # method in between; a subclass that overrides a data call keeps its override. fileno() likewise is
+        # the view's C method, as on a stdlib socket (selectors, asyncio's sock_* and pyrds stress ask for it
+        # on every wait): the fd, and -1 once close() or detach() detached the views
         cls = type(self)
-        for name, fn in self._calls.items():
+        for name, fn in (*self._calls.items(), ("fileno", self._v4.fileno)):
             if getattr(cls, name) is getattr(RDSSocket, name):
                 self.__dict__[name] = fn
 
@@ -462,7 +464,7 @@ class RDSSocket(RDSSocketBase):
 
     # -- fd and blocking
     def fileno(self) -> int:
-        return self._owner.fd
+        return self._owner.fd  # (an instance's own fileno is its view's C method: __init__)
 
     def settimeout(self, timeout: float | None) -> None:
         timeout = timeout_arg(timeout)

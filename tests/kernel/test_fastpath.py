@@ -173,9 +173,9 @@ def test_errors_match_the_stdlib_socket(data_path: str, sockets: list[Any]) -> N
 
 @pytest.mark.parametrize(("host", "port"), [("127.0.0.1", 4700), ("::1", 4710)])
 def test_c_data_calls_run_no_python_frame(sockets: list[Any], host: str, port: int) -> None:
-    """With the C module, sendto/sendmsg to a known destination (also a reply to the source recvfrom gave) and
-    every receive without MSG_TRUNC enter no Python function on a real AF_RDS socket, IPv4 and IPv6 (issue 10:
-    the stdlib's cost per call)."""
+    """With the C module, sendto/sendmsg to a known destination (also a reply to the source recvfrom gave),
+    every receive without MSG_TRUNC, and fileno() enter no Python function on a real AF_RDS socket, IPv4 and
+    IPv6 (issue 10: the stdlib's cost per call)."""
     fastcall_module()
     a, b = loop_pair(sockets, host=host, port=port)
     b.settimeout(10)
@@ -187,8 +187,10 @@ def test_c_data_calls_run_no_python_frame(sockets: list[Any], host: str, port: i
     assert a.recvfrom(10) == (b"back", dest)
     buf = bytearray(8)
     results: list[Any] = []
+    fd = b.fileno()
 
     def traffic() -> None:
+        results.append(b.fileno() == fd)  # asked for on every wait (selectors, asyncio): a C method too
         results.append(a.sendto(b"one", dest))
         results.append(a.sendmsg([b"tw", b"o"], [], 0, dest))
         results.append(a.sendto(b"three", socket.MSG_DONTWAIT, dest))
@@ -202,7 +204,8 @@ def test_c_data_calls_run_no_python_frame(sockets: list[Any], host: str, port: i
         results.append(a.recvfrom(10))
 
     assert python_calls_during(traffic) == []
-    assert results == [3, 3, 5, (b"one", src), b"two", (5, src), 4, (b"ping", dest)] and buf[:5] == b"three"
+    assert results == [True, 3, 3, 5, (b"one", src), b"two", (5, src), 4, (b"ping", dest)]
+    assert buf[:5] == b"three"
 
 
 def test_rds_info_and_large_getsockopt_still_work(sockets: list[Any]) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fastcall_check import fastcall_module
+from fastcall_check import fastcall_module, python_calls_during
 
 from pyrds import uapi
 from pyrds.addr import parse_address
@@ -318,6 +318,18 @@ def test_closed_and_detached(pair: tuple[RDSSocket, RDSSocket]) -> None:
         assert b.recv(10) == b"after"
 
 
+def test_fileno_runs_no_python_frame_and_follows_close(pair: tuple[RDSSocket, RDSSocket]) -> None:
+    """fileno() is asked for on every wait (selectors, asyncio's sock_*, pyrds stress): a C method, as on a
+    stdlib socket, and -1 once the socket is closed (detach: test_closed_and_detached)."""
+    a, b = pair
+    fd = a.fileno()
+    assert fd >= 0 and os.fstat(fd)
+    assert python_calls_during(lambda: a.fileno()) == []
+    assert type(a).fileno(a) == fd  # the class's entry point agrees
+    a.close()
+    assert a.fileno() == -1 and type(a).fileno(a) == -1
+
+
 def test_views_never_close_the_fd() -> None:
     s = _udp()
     fd = s.fileno()
@@ -342,6 +354,18 @@ def test_subclass_override_is_kept() -> None:
     try:
         assert m.recv(1) == b"mine"
         assert type(m.send).__name__ == "builtin_function_or_method"
+        assert type(m.fileno).__name__ == "builtin_function_or_method"
+    finally:
+        m.close()
+
+    class OwnFileno(RDSSocket):
+        def fileno(self) -> int:
+            return 4242
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    m = OwnFileno(fileno=s.detach())
+    try:
+        assert m.fileno() == 4242
     finally:
         m.close()
 
