@@ -226,6 +226,10 @@ class RDSSocket(RDSSocketBase):
         #: the data channel: pushed messages, read here (recv_into's C path)
         self._data = socket.socket(fileno=fds[1])
         self._data.settimeout(None)
+        if self.__class__.fileno is RDSSocket.fileno:  # (``type`` is the argument here)
+            # the readiness fd's own C method, as a stdlib socket's fileno() (selectors, asyncio's sock_* and
+            # pyrds stress ask for it on every wait): -1 once close() closed it, as the method below says
+            self.__dict__["fileno"] = self._ready.fileno
 
     # -- RPC
     def _call(self, op: int, args: Any, want_fds: int = 0, fds_out: list[int] | None = None) -> Any:

@@ -49,3 +49,27 @@ def test_bad_recv_arguments_keep_the_stdlib_errors(
             call(-5)
     tx.sendto(b"ab", dest)
     assert rx.recv(True) == b"a"  # an index that is not a plain int still converts, as in the stdlib
+
+
+def test_fileno_runs_no_python_frame_and_follows_close(loop_pair: tuple[Any, Any, Any]) -> None:
+    """fileno() is asked for on every wait (selectors, asyncio's sock_*, pyrds stress): the readiness fd's C
+    method, -1 once closed, as a stdlib socket's; a subclass's own fileno is kept."""
+    from pyrds.userspace.client.socket import RDSSocket
+
+    rx, _tx, _dest = loop_pair
+    fd = rx.fileno()
+    assert fd >= 0 and python_calls_during(lambda: rx.fileno()) == []
+    s = RDSSocket()
+    assert s.fileno() >= 0
+    s.close()
+    assert s.fileno() == -1
+
+    class OwnFileno(RDSSocket):
+        def fileno(self) -> int:
+            return 4242
+
+    own = OwnFileno()
+    try:
+        assert own.fileno() == 4242
+    finally:
+        own.close()
