@@ -129,9 +129,14 @@ def _percall_table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def write_report(data: dict[str, Any], md: Path, png: Path) -> None:
+def write_report(data: dict[str, Any], md: Path, png: Path, chart: bool = True) -> None:
+    """Write the Markdown report of ``data`` to ``md`` and its chart to ``png``. ``chart`` False (a merged
+    run that did not measure the stress rows): ``png`` is left as it is, and the report describes it as
+    its last drawing did (``data["chart"]``)."""
     rows: list[dict[str, Any]] = data["results"]
-    how = write_chart(rows, png)
+    if chart or "chart" not in data:
+        data["chart"] = write_chart(rows, png)
+    how = data["chart"]
     lines = [
         "# pyrds benchmarks",
         "",

@@ -283,8 +283,9 @@ def host_phase(args: argparse.Namespace) -> int:
         part["kernel"] = part.get("kernel") or part["machine"].split(" ", 2)[1]
     if args.merge:
         data = merge(data, Path(args.save_json), args.sections)
+    # the chart draws the stress rows: a merged run without them keeps the last drawing (whatever drew it)
+    write_report(data, Path(args.out), Path(args.png), chart="stress" in args.sections or not args.merge)
     Path(args.save_json).write_text(json.dumps(data, indent=1))
-    write_report(data, Path(args.out), Path(args.png))
     print(f"wrote {args.out}, {args.png} and {args.save_json}", file=sys.stderr)
     return 0
 
@@ -315,6 +316,8 @@ def merge(data: dict[str, Any], previous: Path, measured: list[str]) -> dict[str
         for key in ("percall", "percall_run"):
             if key in old:
                 out[key] = old[key]
+    if "stress" not in measured and "chart" in old:
+        out["chart"] = old["chart"]  # what drew the chart of the stress rows kept (write_report)
     for section, key in SECTION_KEYS.items():
         if section not in measured and key in old:
             out[key] = old[key]

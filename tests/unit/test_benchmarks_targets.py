@@ -89,3 +89,30 @@ def test_a_run_without_stress_rows_writes_no_chart(tmp_path: Any) -> None:
         how = report.write_chart([], png)
         assert "no chart" in how
         assert png.read_bytes() == b"last run's chart"
+
+
+def test_a_merged_run_without_stress_rows_keeps_the_chart_and_what_drew_it(tmp_path: Any) -> None:
+    """``run.py --sections targets --merge`` on a host without matplotlib replaced the committed chart with
+    the stdlib fallback's (and its description): the stress rows it drew were not measured again."""
+    import json
+
+    with bench_modules(("run", "report"), ("cells", "ib_section", "topology", "sections", "percall")) as m:
+        saved = tmp_path / "results.json"
+        rows = [
+            {"scenario": "s", "mode": "rr", "size": 1024, "msgs_per_s": 10.0, "mb_per_s": 0.01, "p50_us": 1.0}
+            | {"p99_us": 2.0, "cpu_pct": 3.0, "error": None}
+        ]
+        old = {"date": "old", "machine": "m", "duration_s": 3.0, "results": rows, "chart": "drawn by X"}
+        saved.write_text(json.dumps(old))
+        new = {"date": "new", "machine": "m2", "duration_s": 3.0, "results": []}
+        out = m["run"].merge(new, saved, ["targets"])
+        assert out["chart"] == "drawn by X" and out["results"] == rows
+        png, md = tmp_path / "b.png", tmp_path / "b.md"
+        png.write_bytes(b"last run's chart")
+        m["report"].write_report(out, md, png, chart=False)
+        assert png.read_bytes() == b"last run's chart"
+        assert "![chart](b.png) - drawn by X" in md.read_text().splitlines()
+        # the stress rows measured: drawn again, and described as drawn
+        m["report"].write_report(out, md, png)
+        assert png.read_bytes() != b"last run's chart" and out["chart"] != "drawn by X"
+        assert f"![chart](b.png) - {out['chart']}" in md.read_text().splitlines()
