@@ -199,11 +199,16 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in row:
             print(f"{kind}: {row['error']}", flush=True)
             continue
-        print(f"{kind}: {row.get('msgs_per_s', 0):.1f} msgs/s, idle {row['idle']} %, "
-              f"by role {row['by_role']}", flush=True)
+        print(
+            f"{kind}: {row.get('msgs_per_s', 0):.1f} msgs/s, idle {row['idle']} %, by role {row['by_role']}",
+            flush=True,
+        )
         for p in row["procs"]:
-            print(f"  {p['pid']:>7} {p['role']:<8} {p['comm']:<14} {p['total']:6.2f} % "
-                  f"(user {p['user']:.2f}, kernel {p['kernel']:.2f})", flush=True)
+            print(
+                f"  {p['pid']:>7} {p['role']:<8} {p['comm']:<14} {p['total']:6.2f} % "
+                f"(user {p['user']:.2f}, kernel {p['kernel']:.2f})",
+                flush=True,
+            )
             for s in p.get("top", [])[:5]:
                 print(f"           {s['share']:6.2f} % [{s['where']}] {s['symbol']}", flush=True)
     print("PYRDS-PROFILE-JSON " + json.dumps(rows), flush=True)

@@ -55,8 +55,10 @@ def _proc(pid: int) -> tuple[float, float, int, int, str] | None:
     except OSError:
         return None
     words = [w.decode(errors="replace") for w in cmd if w]
-    name = "service" if any("userspace.service" in w for w in words) else (
-        "passive" if "--passive" in words else "active"
+    name = (
+        "service"
+        if any("userspace.service" in w for w in words)
+        else ("passive" if "--passive" in words else "active")
     )
     cpu = (int(stat[11]) + int(stat[12])) / TICK
     system = int(stat[12]) / TICK
@@ -96,8 +98,14 @@ def cell(
     env = {**os.environ, "PYTHONPATH": str(tree)}
     base = [PY, "-m", "pyrds.cli.main", "stress", "--json", "--backend", backend, "-p", str(port)]
     with tempfile.TemporaryFile("w+") as pout:
-        passive = b.popen([*base, "--passive", "-s", b.addr], stdout=pout, stderr=subprocess.PIPE, text=True,
-                          env=env, cwd=tree)
+        passive = b.popen(
+            [*base, "--passive", "-s", b.addr],
+            stdout=pout,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tree,
+        )
         assert passive.stderr is not None
         while "passive on" not in passive.stderr.readline():
             if passive.poll() is not None:
@@ -107,8 +115,9 @@ def cell(
         # the end; the round trips between them are the rows' rates times their spans
         run = ["-s", a.addr, "-r", b.addr, "-q", str(size), "-T", str(dur), "-W", "60"]
         run += ["--one-way"] if one_way else []
-        active = a.popen([*base, *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         cwd=tree)
+        active = a.popen(
+            [*base, *run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tree
+        )
         assert active.stderr is not None
         s0: dict[str, Any] | None = None
         s1: dict[str, Any] | None = None
@@ -142,13 +151,15 @@ def cell(
         if key not in s0["procs"]:
             continue
         cpu0, sys0, v0, n0, _ = s0["procs"][key]
-        rows.append({
-            "proc": f"{key.split(':')[0]}/{name}",
-            "cpu_us_per_msg": round((cpu1 - cpu0) / msgs * 1e6, 1),
-            "sys_us_per_msg": round((sys1 - sys0) / msgs * 1e6, 1),
-            "vol_cs_per_msg": round((v1 - v0) / msgs, 2),
-            "invol_cs_per_msg": round((n1 - n0) / msgs, 2),
-        })
+        rows.append(
+            {
+                "proc": f"{key.split(':')[0]}/{name}",
+                "cpu_us_per_msg": round((cpu1 - cpu0) / msgs * 1e6, 1),
+                "sys_us_per_msg": round((sys1 - sys0) / msgs * 1e6, 1),
+                "vol_cs_per_msg": round((v1 - v0) / msgs, 2),
+                "invol_cs_per_msg": round((n1 - n0) / msgs, 2),
+            }
+        )
     busy = s1["machine"][0] - s0["machine"][0]
     idle = s1["machine"][1] - s0["machine"][1]
     return {
@@ -173,8 +184,9 @@ def _pair(prefix: str, tag: str, subnet: str) -> tuple[Node, Node]:
     for ns in (n1, n2):
         netns.delete_netns(ns)
         netns.create_netns(ns)
-    netns.create_veth(n1, n2, f"{prefix}{tag}a", f"{prefix}{tag}b", addrs_a=[f"{subnet}.1/24"],
-                      addrs_b=[f"{subnet}.2/24"])
+    netns.create_veth(
+        n1, n2, f"{prefix}{tag}a", f"{prefix}{tag}b", addrs_a=[f"{subnet}.1/24"], addrs_b=[f"{subnet}.2/24"]
+    )
     return Node(n1, f"{subnet}.1"), Node(n2, f"{subnet}.2")
 
 
@@ -186,8 +198,12 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--one-way", action="store_true", help="one-way cells (CPU per message sent)")
     ap.add_argument("--prefix", default="hop", help="namespace name prefix")
-    ap.add_argument("--tree", action="append", default=[],
-                    help="NAME=PATH: also measure userspace<->userspace with the pyrds tree at PATH")
+    ap.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        help="NAME=PATH: also measure userspace<->userspace with the pyrds tree at PATH",
+    )
     args = ap.parse_args()
     for mod in ("rds", "rds_tcp"):
         subprocess.run(["modprobe", mod], check=False, capture_output=True)

@@ -111,8 +111,9 @@ def code_module(n: int, directory: Path, mypyc: str | None = None) -> ModuleType
             old.unlink()
     if mypyc and not any(directory.glob(f"{name}.*.so")):
         try:
-            res = subprocess.run([mypyc, source.name], cwd=directory, capture_output=True, text=True,
-                                 timeout=900)
+            res = subprocess.run(
+                [mypyc, source.name], cwd=directory, capture_output=True, text=True, timeout=900
+            )
         except subprocess.TimeoutExpired:
             raise RuntimeError("mypyc failed: no result within 900 s") from None
         if res.returncode != 0:
@@ -130,9 +131,11 @@ def make_piece(n: int, pages: int, code: ModuleType | None = None) -> Callable[[
     """One message's work: ``work(n)``, the generated functions once (``code``), ``pages`` pages written."""
     memory = bytearray(pages * PAGE)  # after a fork each side writes its own copy (copied once, at first)
     if code is None:
+
         def piece() -> None:
             work(n)
             touch(memory, pages)
+
         return piece
     state = code.State()
     run = code.run
@@ -141,6 +144,7 @@ def make_piece(n: int, pages: int, code: ModuleType | None = None) -> Callable[[
         work(n)
         run(state, 1)
         touch(memory, pages)
+
     return piece_with_code
 
 
@@ -292,9 +296,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wakeup_cost: {exc}", file=sys.stderr)
             return 1
     for row in rows:
-        print(f"work {row['work']:>5} pages {row['pages']:>5} code {row['code']:>4} {row['impl']:<6} "
-              f"{row['way']:<9} user {row['user_us']:>8} us/msg  sys {row['sys_us']:>6}  "
-              f"wall {row['wall_us']:>8}", flush=True)
+        print(
+            f"work {row['work']:>5} pages {row['pages']:>5} code {row['code']:>4} {row['impl']:<6} "
+            f"{row['way']:<9} user {row['user_us']:>8} us/msg  sys {row['sys_us']:>6}  "
+            f"wall {row['wall_us']:>8}",
+            flush=True,
+        )
     print("PYRDS-WAKEUP-JSON " + json.dumps(rows), flush=True)
     return 0
 

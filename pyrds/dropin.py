@@ -77,9 +77,7 @@ class socket(_ORIGINAL_SOCKET, metaclass=_SocketMeta):  # noqa: N801 - it replac
 
     __slots__ = ()
 
-    def __new__(
-        cls, family: Any = -1, type: Any = -1, proto: Any = -1, fileno: Any = None
-    ) -> Any:  # noqa: A002 - the stdlib's parameter names
+    def __new__(cls, family: Any = -1, type: Any = -1, proto: Any = -1, fileno: Any = None) -> Any:  # noqa: A002 - the stdlib's parameter names
         if fileno is None and _is_rds(family):
             return _rds_socket(int(type), int(proto))
         if fileno is not None and _is_rds(family):

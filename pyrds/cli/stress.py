@@ -148,8 +148,7 @@ class Summary:
 
     def text(self) -> str:
         lines = [
-            f"--- pyrds stress summary ({self.backend} backend, {self.mode}"
-            f"{_pinned(self.transport)}) ---",
+            f"--- pyrds stress summary ({self.backend} backend, {self.mode}{_pinned(self.transport)}) ---",
             f"{self.local} -> {self.peer}:{self.port}  size {self.size} B  "
             f"depth {self.depth}  tasks {self.tasks}",
             f"{self.messages} msgs in {self.seconds:.2f} s: {self.msgs_per_s:.0f} msgs/s, "
@@ -391,8 +390,7 @@ def _passive(args: argparse.Namespace, local: str) -> int:
             size_buffers(sock, sockbuf_bytes(args))
         # the listening line tells scripts (benchmarks, tests) that the port is bound
         print(
-            f"pyrds stress passive on {local}:{args.port} ({sock.backend} backend"
-            f"{_pinned(args.transport)})",
+            f"pyrds stress passive on {local}:{args.port} ({sock.backend} backend{_pinned(args.transport)})",
             file=sys.stderr if args.json else sys.stdout,
             flush=True,
         )

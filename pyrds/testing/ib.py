@@ -140,6 +140,8 @@ def not_covered(pair: str, environ: Any = None) -> str | None:
     if pair in PEER_PAIRS and peer_link(environ) is not None:
         return None
     return NOT_COVERED.get(pair)
+
+
 #: socket buffers of every IB socket (a 1 MiB message needs rds_sk_sndbuf, i.e. SO_SNDBUF / 2, above it)
 SOCK_BUF = 4 << 20
 #: how long the first message of a pairing may take to arrive (connection setup under TCG)

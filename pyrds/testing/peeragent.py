@@ -49,14 +49,40 @@ MIN_TOKEN = 16
 _HDR = struct.Struct(">I")
 #: the operations of :class:`~pyrds.testing.agent._AgentServer` a peer may ask for (no file access)
 OPS = frozenset(
-    {"getpid", "socket", "call", "poll", "close_all", "job", "wait", "mem_alloc", "mem_read", "mem_write",
-     "mem_free", "exit"}
+    {
+        "getpid",
+        "socket",
+        "call",
+        "poll",
+        "close_all",
+        "job",
+        "wait",
+        "mem_alloc",
+        "mem_read",
+        "mem_write",
+        "mem_free",
+        "exit",
+    }
 )
 #: socket methods :meth:`RemoteSocket` calls
 METHODS = frozenset(
     {
-        "bind", "connect", "getsockname", "getpeername", "send", "sendto", "sendmsg", "recv", "recvfrom",
-        "recvmsg", "setsockopt", "getsockopt", "get_info", "settimeout", "setblocking", "close",
+        "bind",
+        "connect",
+        "getsockname",
+        "getpeername",
+        "send",
+        "sendto",
+        "sendmsg",
+        "recv",
+        "recvfrom",
+        "recvmsg",
+        "setsockopt",
+        "getsockopt",
+        "get_info",
+        "settimeout",
+        "setblocking",
+        "close",
     }
 )
 #: the jobs (``module:function``) a peer may start

@@ -83,4 +83,3 @@ def test_mainline_selftest(rds_two_nodes, rds_mainline_count, rds_count_scale, r
         bad = {k: v for k, v in r["info"].items() if v not in (0, errno.ENOSPC, errno.ENOPROTOOPT)}
         assert not bad, bad
     rds_observe("exactly_once", True)
-

@@ -106,8 +106,10 @@ def test_selftest_exactly_once(
     )
     seen = f"received A {ra['recv_n']} / B {rb['recv_n']} of {count}"
     for node, r in ((na, ra), (nb, rb)):  # where the time went (pauses >= 1 s: (start s, length s, mark))
-        print(f"{node.name} {node.backend} {r['me']}: {r['elapsed_s']} s, sends refused {r['refusals']}, "
-              f"pauses {r['pauses']}")
+        print(
+            f"{node.name} {node.backend} {r['me']}: {r['elapsed_s']} s, sends refused {r['refusals']}, "
+            f"pauses {r['pauses']}"
+        )
     if race is not None:
         race.record(exact, seen)
     assert ra["recv_n"] == {kb: count} and rb["recv_n"] == {ka: count}

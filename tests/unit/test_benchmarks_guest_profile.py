@@ -51,8 +51,11 @@ def test_processes_are_split_into_user_and_kernel_time() -> None:
 def test_each_process_gets_its_own_symbols_in_order() -> None:
     with bench_modules(["guest_profile"]) as mods:
         syms = mods["guest_profile"].parse_symbols(PID_SYM, 3)
-    assert syms[223] == [(8.99, "u", "_PyEval_EvalFrameDefault"), (0.54, "u", "_PyObject_Malloc"),
-                         (0.44, "k", "finish_task_switch.isra.0")]
+    assert syms[223] == [
+        (8.99, "u", "_PyEval_EvalFrameDefault"),
+        (0.54, "u", "_PyObject_Malloc"),
+        (0.44, "k", "finish_task_switch.isra.0"),
+    ]
     assert syms[226] == [(3.14, "u", "_PyEval_EvalFrameDefault"), (0.2, "k", "do_syscall_64")]
 
 
@@ -72,8 +75,15 @@ def test_roles_come_from_command_lines(cmdline: str, role: str) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--kinds", "relay"], ["--kinds", ""], ["-T", "10", "--warmup", "8", "--sample", "3"], ["--warmup", "0"],
-     ["--top", "0"], ["--freq", "0"], ["-T", "x"]],
+    [
+        ["--kinds", "relay"],
+        ["--kinds", ""],
+        ["-T", "10", "--warmup", "8", "--sample", "3"],
+        ["--warmup", "0"],
+        ["--top", "0"],
+        ["--freq", "0"],
+        ["-T", "x"],
+    ],
 )
 def test_bad_arguments_are_refused(args: list[str]) -> None:
     res = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60)

@@ -18,24 +18,40 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "wakeup_cost.py"
 
 
 def test_three_ways_per_size_in_the_json_line() -> None:
-    out = subprocess.run([sys.executable, str(SCRIPT), "--work", "0,300", "--messages", "200"],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--work", "0,300", "--messages", "200"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     line = [ln for ln in out.splitlines() if ln.startswith("PYRDS-WAKEUP-JSON ")]
     rows = json.loads(line[-1].split(" ", 1)[1])
     assert [(r["work"], r["way"]) for r in rows] == [
-        (0, "alone"), (0, "pingpong"), (0, "syscalls"), (300, "alone"), (300, "pingpong"), (300, "syscalls")
+        (0, "alone"),
+        (0, "pingpong"),
+        (0, "syscalls"),
+        (300, "alone"),
+        (300, "pingpong"),
+        (300, "syscalls"),
     ]
     assert all(r["wall_us"] > 0 and r["pages"] == 0 for r in rows)
 
 
 def test_each_page_count_gets_every_size_and_way() -> None:
     args = ["--work", "10", "--pages", "0,64", "--messages", "100"]
-    out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     line = [ln for ln in out.splitlines() if ln.startswith("PYRDS-WAKEUP-JSON ")][-1]
     rows = json.loads(line.split(" ", 1)[1])
     assert [(r["pages"], r["way"]) for r in rows] == [
-        (0, "alone"), (0, "pingpong"), (0, "syscalls"), (64, "alone"), (64, "pingpong"), (64, "syscalls")
+        (0, "alone"),
+        (0, "pingpong"),
+        (0, "syscalls"),
+        (64, "alone"),
+        (64, "pingpong"),
+        (64, "syscalls"),
     ]
 
 
@@ -57,9 +73,18 @@ def test_pingpong_gets_a_reply_per_message() -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--work", "x"], ["--work", "-1"], ["--messages", "0"], ["--pages", "x"], ["--pages", "-1"],
-     ["--code", "x"], ["--code", "-1"], ["--code", "5001"], ["--mypyc", "/nonexistent/mypyc"],
-     ["--code-dir", "/nonexistent/dir"]],
+    [
+        ["--work", "x"],
+        ["--work", "-1"],
+        ["--messages", "0"],
+        ["--pages", "x"],
+        ["--pages", "-1"],
+        ["--code", "x"],
+        ["--code", "-1"],
+        ["--code", "5001"],
+        ["--mypyc", "/nonexistent/mypyc"],
+        ["--code-dir", "/nonexistent/dir"],
+    ],
 )
 def test_bad_arguments_are_refused(args: list[str]) -> None:
     res = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
@@ -75,12 +100,17 @@ def _rows(out: str) -> list[dict[str, object]]:
 def test_code_rows_follow_the_plain_ones() -> None:
     """--code: each count gets every way, the generated functions run in both processes of the ping-pong."""
     args = ["--work", "0", "--code", "0,3", "--messages", "50"]
-    out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     rows = _rows(out)
     assert [(r["code"], r["impl"], r["way"]) for r in rows] == [
-        (0, "interp", "alone"), (0, "interp", "pingpong"), (0, "interp", "syscalls"),
-        (3, "interp", "alone"), (3, "interp", "pingpong"), (3, "interp", "syscalls"),
+        (0, "interp", "alone"),
+        (0, "interp", "pingpong"),
+        (0, "interp", "syscalls"),
+        (3, "interp", "alone"),
+        (3, "interp", "pingpong"),
+        (3, "interp", "syscalls"),
     ]
     assert rows[4]["replies"] == 50
 
@@ -142,8 +172,9 @@ def test_a_failing_or_ineffective_mypyc_is_an_error_not_interpreted_rows(tmp_pat
 @pytest.mark.skipif(shutil.which("mypyc") is None or shutil.which("cc") is None, reason="needs mypyc and cc")
 def test_mypyc_rows_run_the_compiled_module(tmp_path: Path) -> None:
     args = ["--work", "0", "--code", "3", "--messages", "20", "--mypyc", "mypyc", "--code-dir", str(tmp_path)]
-    out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600, check=True
+    ).stdout
     rows = _rows(out)
     assert [r["impl"] for r in rows] == ["interp"] * 3 + ["mypyc"] * 3
     assert list(tmp_path.glob("wakeup_code_3_mypyc.*.so"))

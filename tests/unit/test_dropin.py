@@ -69,9 +69,7 @@ def test_program_arguments_exit_status_and_sys_path(tmp_path: Path) -> None:
     prog = tmp_path / "prog.py"
     (tmp_path / "helper_mod.py").write_text("VALUE = 'from the program directory'\n")
     prog.write_text(
-        "import sys, helper_mod\n"
-        "print(sys.argv, __name__, helper_mod.VALUE)\n"
-        "sys.exit(int(sys.argv[2]))\n"
+        "import sys, helper_mod\nprint(sys.argv, __name__, helper_mod.VALUE)\nsys.exit(int(sys.argv[2]))\n"
     )
     proc = _run("-m", "pyrds.dropin", str(prog), "first", "3")
     assert proc.returncode == 3, proc.stderr

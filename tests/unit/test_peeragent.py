@@ -199,6 +199,7 @@ def _closed_without_reply(c: socket.socket) -> bool:
     except ConnectionResetError:  # closed with our unread frame in its queue: a reset
         return True
 
+
 def _serve_one(lsock: socket.socket, results: list[bool]) -> None:
     conn, _ = lsock.accept()
     results.append(peeragent.serve_connection(conn, TOKEN))

@@ -220,8 +220,15 @@ class RDSHeader:
     def with_flags(self, flags: int) -> RDSHeader:
         """A copy with ``flags`` set in addition to the current ones."""
         return RDSHeader(
-            self.sequence, self.ack, self.length, self.sport, self.dport, self.flags | flags,
-            self.credit, self.csum, self.exthdr,
+            self.sequence,
+            self.ack,
+            self.length,
+            self.sport,
+            self.dport,
+            self.flags | flags,
+            self.credit,
+            self.csum,
+            self.exthdr,
         )
 
 

@@ -23,6 +23,7 @@ ATOMICS = (
     CmsgType.RDS_CMSG_MASKED_ATOMIC_CSWP,
 )
 
+
 def scan_cmsgs(
     anc: Sequence[tuple[int, int, bytes]], flags: int, on_rdma_args: Callable[[bytes], None] | None = None
 ) -> bool:

@@ -33,7 +33,9 @@ def test_wire_vector_pinned() -> None:
         + bytes([0x04, 7])
         + b"\0\0\0\0"
         + struct.pack(">H", 0xBEEF)
-        + bytes([5]) + struct.pack(">H", 8) + b"\0" * 13
+        + bytes([5])
+        + struct.pack(">H", 8)
+        + b"\0" * 13
     )
     assert len(expected) == RDS_HEADER_SIZE == 48
     assert h.encode() == expected

@@ -97,7 +97,6 @@ def _gid_bytes(gid: Any) -> bytes:
     return raw
 
 
-
 class _Pv:
     """The pyverbs modules (imported on first use)."""
 

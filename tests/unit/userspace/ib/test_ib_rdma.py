@@ -345,7 +345,10 @@ def test_atomics_fetch_add_and_compare_swap_into_a_peer_mr() -> None:
     assert (ib_counters["ib_atomic_fadd"], ib_counters["ib_atomic_cswp"]) == (2, 2)
     assert r.p.a.counters["send_rdma_bytes"] == r.p.a.counters["recv_rdma_bytes"] == 0
     assert [w[1] for w in next(q for q in r.p.fabric.qps if q.src == A and not q.closed).rdma_posted] == [
-        "fadd", "cswp", "cswp", "fadd"
+        "fadd",
+        "cswp",
+        "cswp",
+        "fadd",
     ]
 
 
