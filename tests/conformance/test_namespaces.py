@@ -1,4 +1,4 @@
-"""Congestion across network namespaces that carry the same address.
+"""Congestion, binding and the info tables across network namespaces that carry the same address.
 
 The kernel keeps one congestion map per address for the whole host (cong.c's rds_cong_tree, keyed by
 address alone): a port congested in one namespace is refused with ENOBUFS to senders in another namespace
@@ -7,11 +7,20 @@ its own maps, so there the other namespace's senders get through. The kernel's b
 the other namespace cannot bind that port number on that address (EADDRINUSE, 6.1 and 7.3). The scenario
 records both (observations ``congested_across_namespaces``, ``bind_across_namespaces``); everything else it
 asserts holds on both backends.
+
+The info tables (RDS_INFO_SOCKETS, RDS_INFO_RECV_MESSAGES, RDS_INFO_CONNECTIONS) read host-wide lists in the
+kernel (rds_sock_list, rds_conn_hash). A patch posted to linux-rdma in May 2026 filters their rows by the
+caller's namespace (Debian's 6.1.190-1 carries it: "rds: filter RDS_INFO_* getsockopt by caller's netns",
+CVE-2026-97476); a kernel without it lists, to a socket in X, Y's sockets, their queued messages and Y's
+connections. The userspace stack is one per namespace and lists its own. The second scenario records, per
+table, whether X lists what Y holds (``listed_across_namespaces_*``: False on 6.1.0-57, 6.12.118 and 7.3.4,
+and on the userspace stack); that Y lists its own, and X its own, holds on both.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 from collections.abc import Iterator
@@ -20,8 +29,9 @@ from typing import Any
 import pytest
 
 from pyrds import netns
+from pyrds.constants import InfoType
 from pyrds.testing.agent import Agent
-from pyrds.testing.helpers import send_until_enobufs
+from pyrds.testing.helpers import send_until_enobufs, wait_readable
 from pyrds.testing.topology import (
     delete_node_netns,
     netns_supported,
@@ -110,3 +120,42 @@ def test_congestion_across_namespaces_with_one_address(two_namespaces, rds_obser
     # once Y's receiver is gone, nothing anywhere refuses that port any more
     assert not _refused(sender, dest)
     assert not _refused(probe, dest)
+
+
+def test_info_tables_across_namespaces(two_namespaces, rds_observe) -> None:  # type: ignore[no-untyped-def]
+    x, y, addr = two_namespaces
+    ip = ipaddress.ip_address(addr)
+    # namespace Y: a receiver with one unread message from a sender of Y (a loopback connection in Y)
+    receiver, sender = y.socket(), y.socket()
+    receiver.bind((addr, 0))
+    sender.bind((addr, 0))
+    dest, src = receiver.getsockname(), sender.getsockname()
+    sender.sendto(b"queued in Y", dest)
+    assert wait_readable(receiver, 10), "the message to Y's receiver never arrived"
+    # namespace X: a socket of its own on the same address, nothing sent
+    probe = x.socket()
+    probe.bind((addr, 0))
+    mine = probe.getsockname()
+
+    def tables(sock: Any) -> dict[str, bool]:
+        """Which of Y's things ``sock``'s info tables list (each row matched by address and port)."""
+        socks = sock.get_info(InfoType.RDS_INFO_SOCKETS)
+        msgs = sock.get_info(InfoType.RDS_INFO_RECV_MESSAGES)
+        conns = sock.get_info(InfoType.RDS_INFO_CONNECTIONS)
+        return {
+            "sockets": any(r.bound_addr == ip and r.bound_port == dest[1] for r in socks),
+            "recv_messages": any(
+                r.laddr == ip and r.lport == dest[1] and r.fport == src[1] and r.len == 11 for r in msgs
+            ),
+            "connections": any(r.laddr == ip and r.faddr == ip for r in conns),
+        }
+
+    own = tables(sender)
+    assert own == {"sockets": True, "recv_messages": True, "connections": True}, own
+    socks_x = probe.get_info(InfoType.RDS_INFO_SOCKETS)
+    assert any(r.bound_addr == ip and r.bound_port == mine[1] for r in socks_x), socks_x
+    for table, listed in tables(probe).items():
+        rds_observe(f"listed_across_namespaces_{table}", listed)
+    # read, Y's queue is empty again, whatever X saw
+    assert receiver.recv(100) == b"queued in Y"
+    assert not tables(sender)["recv_messages"]
