@@ -187,6 +187,18 @@ def userspace_port_env(backend: str) -> dict[str, str]:
     return {}
 
 
+def redirect_standard_port(ns: str, env: dict[str, str]) -> int:
+    """The port a node with agent environment ``env`` (:func:`userspace_port_env`) listens on; when that is
+    not the standard one, namespace ``ns`` gets the nftables rule that sends peers dialing 16385 there."""
+    port = int(env.get("PYRDS_TCP_PORT", RDS_TCP_PORT))
+    if port != RDS_TCP_PORT:
+        rules = NFT_REDIRECT.format(std=RDS_TCP_PORT, alt=port)
+        nft = netns.run_cmd_in_netns(ns, ["nft", "-f", "-"], input=rules, check=False)
+        if nft.returncode != 0:
+            raise RuntimeError(f"nft redirect in {ns} failed: {nft.stderr.strip()}")
+    return port
+
+
 def tcp_trouble(nstat_output: str) -> dict[str, int]:
     """The non-zero :data:`_TCP_TROUBLE` counters of ``nstat -asz`` output."""
     found: dict[str, int] = {}
@@ -241,14 +253,8 @@ class TwoNodes:
             ports: list[int] = []
             for ns, backend in zip(names, backends, strict=True):
                 env = userspace_port_env(backend)
-                port = int(env.get("PYRDS_TCP_PORT", RDS_TCP_PORT))
-                if env:
-                    rules = NFT_REDIRECT.format(std=RDS_TCP_PORT, alt=port)
-                    nft = netns.run_cmd_in_netns(ns, ["nft", "-f", "-"], input=rules, check=False)
-                    if nft.returncode != 0:
-                        raise RuntimeError(f"nft redirect in {ns} failed: {nft.stderr.strip()}")
                 envs.append(env)
-                ports.append(port)
+                ports.append(redirect_standard_port(ns, env))
             # start both agents at once (each is a Python start-up: seconds under QEMU TCG)
             with ThreadPoolExecutor(2) as pool:
                 futures = [

@@ -15,6 +15,14 @@ CVE-2026-97476); a kernel without it lists, to a socket in X, Y's sockets, their
 connections. The userspace stack is one per namespace and lists its own. The second scenario records, per
 table, whether X lists what Y holds (``listed_across_namespaces_*``: False on 6.1.0-57, 6.12.118 and 7.3.4,
 and on the userspace stack); that Y lists its own, and X its own, holds on both.
+
+A message that arrives over RDS/TCP in namespace X for a port that only namespace Y's socket holds (on the
+same address): the kernel looks the port up in its host-wide bind table. Debian's 6.1.187-1 carries "rds:
+drop incoming messages that cross network namespace boundaries" (CVE-2026-68335); a kernel without it hands
+the message to Y's socket. The userspace stack of X has no such socket and drops it. The third scenario
+records whether Y's socket got it (``delivered_across_namespaces``: False on 6.1.0-57, 6.12.118 and 7.3.4,
+and on the userspace stack); that X's own socket gets the message sent after it, on the same connection,
+holds on both.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from pyrds.testing.helpers import send_until_enobufs, wait_readable
 from pyrds.testing.topology import (
     delete_node_netns,
     netns_supported,
+    redirect_standard_port,
     scratch_address,
     userspace_port_env,
     worker_index,
@@ -42,9 +51,14 @@ from pyrds.testing.topology import (
 
 
 class _Side:
-    def __init__(self, ns: str, backend: str) -> None:
+    def __init__(self, ns: str, backend: str, listens: bool = False) -> None:
+        """``listens``: peers reach this namespace's stack on the standard port (a userspace stack listens
+        on another where the kernel's rds_tcp holds it: topology.redirect_standard_port)."""
         self.ns = ns
-        self.agent = Agent(ns, env=userspace_port_env(backend), name=f"{ns}:{backend}")
+        env = userspace_port_env(backend)
+        if listens:
+            redirect_standard_port(ns, env)
+        self.agent = Agent(ns, env=env, name=f"{ns}:{backend}")
         self.backend = backend
 
     def socket(self) -> Any:
@@ -159,3 +173,58 @@ def test_info_tables_across_namespaces(two_namespaces, rds_observe) -> None:  # 
     # read, Y's queue is empty again, whatever X saw
     assert receiver.recv(100) == b"queued in Y"
     assert not tables(sender)["recv_messages"]
+
+
+@pytest.fixture
+def sender_and_two_namespaces(rds_backend: str) -> Iterator[tuple[_Side, _Side, _Side, str, str]]:
+    """Namespaces S, X and Y: S and X joined by a veth pair (S on ``.1``, X on ``addr`` ``.2``), Y with
+    ``addr`` too, on a veth pair of its own (both ends in Y: nothing reaches Y from S); an agent of the
+    backend in each."""
+    reason = netns_supported()
+    if reason:
+        pytest.skip(reason)
+    net = scratch_address(worker_index()).rsplit(".", 2)[0] + ".1"  # not the other scenarios' subnet
+    src, addr = f"{net}.1", f"{net}.2"
+    tag = f"{os.getpid() % 100000}"
+    names = [f"rdsnqs{tag}", f"rdsnqx{tag}", f"rdsnqy{tag}"]  # not the other fixture's (same process)
+    made: list[str] = []
+    sides: list[_Side] = []
+    try:
+        for ns in names:
+            made.append(netns.create_netns(ns))
+        netns.create_veth(names[0], names[1], "rdsd0", "rdsd1", addrs_a=[f"{src}/24"], addrs_b=[f"{addr}/24"])
+        netns.create_veth(names[2], names[2], "rdsd2", "rdsd3", addrs_a=[f"{addr}/24"])
+        for ns in names:
+            sides.append(_Side(ns, rds_backend, listens=ns == names[1]))
+        yield sides[0], sides[1], sides[2], src, addr
+    finally:
+        for side in sides:
+            side.agent.close()
+        for ns in made:
+            delete_node_netns(ns)
+
+
+def test_message_for_a_port_of_another_namespace(sender_and_two_namespaces, rds_observe) -> None:  # type: ignore[no-untyped-def]
+    s, x, y, src, addr = sender_and_two_namespaces
+    theirs = y.socket()
+    theirs.bind((addr, 0))  # Y's port on the address X has too (the kernel's bind table: X cannot take it)
+    ours = x.socket()
+    ours.bind((addr, 0))
+    ours.settimeout(60)
+    sender = s.socket()
+    sender.bind((src, 0))
+    # the connection S -> X up, its paths negotiated, before the two messages: one sender socket, so both go
+    # on one path, in order (7.x sends on the first lane only until the peer's NPATHS is known)
+    sender.sendto(b"first", ours.getsockname())
+    assert ours.recv(100) == b"first"
+    sender.sendto(b"for Y's port", theirs.getsockname())
+    sender.sendto(b"for X's port", ours.getsockname())
+    # X took the second message, so it had handled the first one, delivered or dropped
+    assert ours.recv(100) == b"for X's port"
+    try:
+        got = theirs.recv(100, socket.MSG_DONTWAIT)
+    except OSError as exc:
+        assert exc.errno == errno.EAGAIN, exc
+        got = b""
+    assert got in (b"", b"for Y's port"), got
+    rds_observe("delivered_across_namespaces", bool(got))
