@@ -130,9 +130,9 @@ def _percall_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def write_report(data: dict[str, Any], md: Path, png: Path, chart: bool = True) -> None:
-    """Write the Markdown report of ``data`` to ``md`` and its chart to ``png``. ``chart`` False (a merged
-    run that did not measure the stress rows): ``png`` is left as it is, and the report describes it as
-    its last drawing did (``data["chart"]``)."""
+    """Write the Markdown report of ``data`` to ``md`` and its chart to ``png``; what drew the chart goes into
+    ``data["chart"]`` (saved with the results). ``chart`` False (a merged run that did not measure the
+    stress rows): ``png`` is left as it is, and the report describes it as its last drawing did."""
     rows: list[dict[str, Any]] = data["results"]
     if chart or "chart" not in data:
         data["chart"] = write_chart(rows, png)
