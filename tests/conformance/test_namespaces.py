@@ -21,8 +21,10 @@ same address): the kernel looks the port up in its host-wide bind table. Debian'
 drop incoming messages that cross network namespace boundaries" (CVE-2026-68335); a kernel without it hands
 the message to Y's socket. The userspace stack of X has no such socket and drops it. The third scenario
 records whether Y's socket got it (``delivered_across_namespaces``: False on 6.1.0-57, 6.12.118 and 7.3.4,
-and on the userspace stack); that X's own socket gets the message sent after it, on the same connection,
-holds on both.
+and on the userspace stack), and whether Y's RDS_INFO_TCP_SOCKETS lists X's connection from S
+(``listed_across_namespaces_tcp_sockets``: False on those three kernels and the userspace stack); that X's
+own socket gets the message sent after it, on the same connection, and that X's table lists that
+connection, holds on both.
 """
 
 from __future__ import annotations
@@ -221,6 +223,15 @@ def test_message_for_a_port_of_another_namespace(sender_and_two_namespaces, rds_
     sender.sendto(b"for X's port", ours.getsockname())
     # X took the second message, so it had handled the first one, delivered or dropped
     assert ours.recv(100) == b"for X's port"
+    # the RDS/TCP connection S -> X: in X's RDS_INFO_TCP_SOCKETS; in Y's only without the info tables' filter
+    here, there = ipaddress.ip_address(addr), ipaddress.ip_address(src)
+
+    def tcp_rows(sock: Any) -> list[Any]:
+        rows = sock.get_info(InfoType.RDS_INFO_TCP_SOCKETS)
+        return [r for r in rows if r.local_addr == here and r.peer_addr == there]
+
+    assert tcp_rows(ours), ours.get_info(InfoType.RDS_INFO_TCP_SOCKETS)
+    rds_observe("listed_across_namespaces_tcp_sockets", bool(tcp_rows(theirs)))
     try:
         got = theirs.recv(100, socket.MSG_DONTWAIT)
     except OSError as exc:
