@@ -164,7 +164,10 @@ def cached_trees(cfg: RunConfig) -> list[str]:
     if cfg.venv_bin:
         candidates.append(os.path.dirname(cfg.venv_bin))
     trees: list[str] = []
-    for path in sorted({os.path.realpath(c) for c in candidates if c and os.path.isdir(c)}, key=len):
+    # parents before their subtrees (shorter first); equal lengths by name, so the tags do not follow the
+    # process's string hash seed (a set's order)
+    real = {os.path.realpath(c) for c in candidates if c and os.path.isdir(c)}
+    for path in sorted(real, key=lambda p: (len(p), p)):
         if path == "/" or (path.startswith("/usr/") or path == "/usr") and path != os.path.realpath(stdlib):
             continue  # vng's own overlay; too large (the interpreter's stdlib alone is fine)
         if any(path == t or path.startswith(t + os.sep) for t in trees):

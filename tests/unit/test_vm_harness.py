@@ -40,11 +40,37 @@ def test_netns_command_tcg_and_junit() -> None:
     assert argv[:3] == ["/usr/bin/vng", "--run", KERNEL.vmlinuz]
     assert "--disable-kvm" in argv and "--rwdir" in argv
     (opts,) = [a for a in argv if a.startswith("--qemu-opts=")]  # the cached code trees (cached_trees)
-    assert f"-virtfs local,path={os.path.realpath(runner.REPO_ROOT)},mount_tag=pyrdsro0," in opts
+    repo = os.path.realpath(runner.REPO_ROOT)
+    tag = f"pyrdsro{runner.cached_trees(cfg).index(repo)}"  # pyrdsro0 unless a shorter tree comes first
+    assert f"-virtfs local,path={repo},mount_tag={tag}," in opts
     inner = _inner(argv)
-    assert f"pyrdsro0={os.path.realpath(runner.REPO_ROOT)}" in inner
+    assert f"{tag}={repo}" in inner
     assert inner[-1] == "--junitxml=/res/a/junit.xml"
     assert inner[inner.index("--") + 1 :][:3] == ["python3", "-m", "pytest"]
+
+
+def test_cached_trees_do_not_follow_the_hash_seed(tmp_path: Path) -> None:
+    """Two trees of one path length (a clone at /tmp/t313 and its venv at /tmp/v313) got their mount tags in
+    a set's order, which the string hash seed of each process decides: the same run gave other tags."""
+    a, b, c = (tmp_path / name for name in ("venv_a", "venv_b", "venv_c"))
+    for d in (a, b, c):
+        (d / "bin").mkdir(parents=True)
+    code = (
+        "import json, sys; from vm import runner; from vm.kernel import GuestKernel\n"
+        f"sys.prefix, sys.base_prefix = {str(a)!r}, {str(c)!r}\n"
+        "k = GuestKernel(vmlinuz='/v', release='r')\n"
+        f"cfg = runner.RunConfig(kernel=k, accel='tcg', cmd=['x'], venv_bin={str(b / 'bin')!r})\n"
+        "print(json.dumps(runner.cached_trees(cfg)))"
+    )
+    seen = set()
+    for seed in range(8):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed), "PYTHONPATH": str(runner.REPO_ROOT)}
+        argv = [sys.executable, "-c", code]
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+        seen.add(out.stdout)
+    (only,) = seen
+    trees = json.loads(only)
+    assert [t for t in trees if t.startswith(str(tmp_path))] == [str(a), str(b), str(c)]
 
 
 def test_kvm_drops_disable_kvm_and_placeholders() -> None:
