@@ -283,8 +283,9 @@ def host_phase(args: argparse.Namespace) -> int:
         part["kernel"] = part.get("kernel") or part["machine"].split(" ", 2)[1]
     if args.merge:
         data = merge(data, Path(args.save_json), args.sections)
-    # the chart draws the stress rows: a merged run without them keeps the last drawing (whatever drew it)
-    write_report(data, Path(args.out), Path(args.png), chart="stress" in args.sections or not args.merge)
+    # the chart draws the stress rows: a merged run without them keeps the last drawing (whatever drew it);
+    # a run that is not merged has no drawing to keep, and write_report draws one
+    write_report(data, Path(args.out), Path(args.png), chart="stress" in args.sections)
     Path(args.save_json).write_text(json.dumps(data, indent=1))
     print(f"wrote {args.out}, {args.png} and {args.save_json}", file=sys.stderr)
     return 0
