@@ -29,6 +29,7 @@ connection, holds on both.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import os
@@ -67,31 +68,43 @@ class _Side:
         return self.agent.socket(self.backend)
 
 
-@pytest.fixture
-def two_namespaces(rds_backend: str) -> Iterator[tuple[_Side, _Side, str]]:
-    """Namespaces X and Y, each with ``addr`` on its end of a veth pair (the link itself carries nothing:
-    every send here stays inside one namespace), each with an agent of the backend."""
+@contextlib.contextmanager
+def _namespaces(
+    names: list[str], links: list[tuple[int, int, list[str], list[str]]], backend: str, listener: int = -1
+) -> Iterator[list[_Side]]:
+    """The namespaces ``names``, a veth pair per link (the indexes of its two namespaces, the same for a
+    pair inside one, and each end's addresses: interfaces rdsv0, rdsv1, ...), an agent of ``backend`` in
+    each (``listener``: the index of the one peers dial, _Side's ``listens``); all removed afterwards."""
     reason = netns_supported()
     if reason:
         pytest.skip(reason)
-    addr = scratch_address(worker_index())
-    tag = f"{os.getpid() % 100000}"
-    names = [f"rdsnsx{tag}", f"rdsnsy{tag}"]
     made: list[str] = []
     sides: list[_Side] = []
     try:
         for ns in names:
             made.append(netns.create_netns(ns))
-        cidr = [f"{addr}/24"]
-        netns.create_veth(names[0], names[1], "rdsc0", "rdsc1", addrs_a=cidr, addrs_b=cidr)
-        for ns in names:
-            sides.append(_Side(ns, rds_backend))
-        yield sides[0], sides[1], addr
+        for n, (a, b, addrs_a, addrs_b) in enumerate(links):
+            ifa, ifb = f"rdsv{2 * n}", f"rdsv{2 * n + 1}"
+            netns.create_veth(names[a], names[b], ifa, ifb, addrs_a=addrs_a, addrs_b=addrs_b)
+        for i, ns in enumerate(names):
+            sides.append(_Side(ns, backend, listens=i == listener))
+        yield sides
     finally:
         for side in sides:
             side.agent.close()
         for ns in made:
             delete_node_netns(ns)
+
+
+@pytest.fixture
+def two_namespaces(rds_backend: str) -> Iterator[tuple[_Side, _Side, str]]:
+    """Namespaces X and Y, each with ``addr`` on its end of a veth pair (the link itself carries nothing:
+    every send here stays inside one namespace), each with an agent of the backend."""
+    addr = scratch_address(worker_index())
+    tag = f"{os.getpid() % 100000}"
+    cidr = [f"{addr}/24"]
+    with _namespaces([f"rdsnsx{tag}", f"rdsnsy{tag}"], [(0, 1, cidr, cidr)], rds_backend) as (x, y):
+        yield x, y, addr
 
 
 def _refused(sock: Any, dest: tuple[str, int]) -> bool:
@@ -182,28 +195,13 @@ def sender_and_two_namespaces(rds_backend: str) -> Iterator[tuple[_Side, _Side, 
     """Namespaces S, X and Y: S and X joined by a veth pair (S on ``.1``, X on ``addr`` ``.2``), Y with
     ``addr`` too, on a veth pair of its own (both ends in Y: nothing reaches Y from S); an agent of the
     backend in each."""
-    reason = netns_supported()
-    if reason:
-        pytest.skip(reason)
     net = scratch_address(worker_index()).rsplit(".", 2)[0] + ".1"  # not the other scenarios' subnet
     src, addr = f"{net}.1", f"{net}.2"
     tag = f"{os.getpid() % 100000}"
     names = [f"rdsnqs{tag}", f"rdsnqx{tag}", f"rdsnqy{tag}"]  # not the other fixture's (same process)
-    made: list[str] = []
-    sides: list[_Side] = []
-    try:
-        for ns in names:
-            made.append(netns.create_netns(ns))
-        netns.create_veth(names[0], names[1], "rdsd0", "rdsd1", addrs_a=[f"{src}/24"], addrs_b=[f"{addr}/24"])
-        netns.create_veth(names[2], names[2], "rdsd2", "rdsd3", addrs_a=[f"{addr}/24"])
-        for ns in names:
-            sides.append(_Side(ns, rds_backend, listens=ns == names[1]))
-        yield sides[0], sides[1], sides[2], src, addr
-    finally:
-        for side in sides:
-            side.agent.close()
-        for ns in made:
-            delete_node_netns(ns)
+    links = [(0, 1, [f"{src}/24"], [f"{addr}/24"]), (2, 2, [f"{addr}/24"], [])]
+    with _namespaces(names, links, rds_backend, listener=1) as (s, x, y):
+        yield s, x, y, src, addr
 
 
 def test_message_for_a_port_of_another_namespace(sender_and_two_namespaces, rds_observe) -> None:  # type: ignore[no-untyped-def]
