@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -100,8 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     _run_args(m)
     m.add_argument(
         "--kernels",
-        default=",".join(catalog.ALIASES),
-        help=f"comma list of aliases or image paths (default {','.join(catalog.ALIASES)})",
+        default=os.environ.get(KERNELS_ENV) or ",".join(catalog.ALIASES),
+        help="comma list of aliases, image paths, or LABEL=PATH (your kernel under a name of its own: its "
+        f"results in OUT/LABEL); default ${KERNELS_ENV} or {','.join(catalog.ALIASES)}",
     )
     m.add_argument(
         "--out", required=True, metavar="DIR", help="guest A's results directory per kernel: DIR/<alias>"
@@ -198,18 +200,50 @@ def _read_bytes(path: str) -> bytes:
         return b""
 
 
+#: the kernels of ``python -m vm matrix`` (and so of ``tox -e conformance``) when --kernels is not given
+KERNELS_ENV = "PYRDS_KERNELS"
+
+
+def matrix_kernels(text: str) -> list[tuple[str, GuestKernel]]:
+    """``--kernels``: (alias, kernel) per entry. An alias of the matrix names itself; an image path gets
+    the major.minor of its release (``7.4.0-rc1`` -> ``7.4``); ``LABEL=PATH`` gets LABEL, for a kernel that
+    would otherwise share an alias (your patched 7.3 beside Debian's). Two entries with one alias, or a
+    LABEL that cannot be a directory name, are refused (ValueError) before anything boots."""
+    kernels: list[tuple[str, GuestKernel]] = []
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        label, sep, image = entry.partition("=")
+        if sep:
+            label = label.strip()
+            if not re.fullmatch(r"[\w.+~-]{1,40}", label) or label in (".", ".."):
+                raise ValueError(f"--kernels: {label!r} is not a label (letters, digits, . + ~ - _)")
+            kernel = find_kernel(image.strip())
+            alias = label
+        else:
+            kernel = find_kernel(entry)
+            alias = entry if entry in catalog.ALIASES else short_alias(kernel.release)
+        if any(alias == a for a, _ in kernels):
+            raise ValueError(f"--kernels: two kernels would be {alias!r}: name one LABEL=PATH")
+        kernels.append((alias, kernel))
+    if not kernels:
+        raise ValueError("--kernels: no kernel given")
+    return kernels
+
+
 def _matrix(args: argparse.Namespace) -> int:
     """One boot per kernel; ``OUT/<alias>`` gets guest A's results, ``OUT/matrix.json`` what each boot did.
 
     Exit status: 0 when CMD exited 0 on every kernel, else the first non-zero status (2: a kernel of the
     matrix is not installed; that is checked for all of them before the first boot)."""
-    wanted = [k.strip() for k in args.kernels.split(",") if k.strip()]
-    kernels = [(k, find_kernel(k)) for k in wanted]  # every kernel exists before anything boots
+    kernels = matrix_kernels(args.kernels)  # every kernel exists before anything boots
     os.makedirs(args.out, exist_ok=True)
     summary: list[dict[str, object]] = []
+    planned = [alias for alias, _ in kernels]
+    with open(os.path.join(args.out, "matrix.json"), "w") as fh:  # the report's kernels, before any boot
+        json.dump({"planned": planned, "kernels": summary}, fh, indent=1)
     rc = 0
-    for label, kernel in kernels:
-        alias = short_alias(kernel.release) if label not in catalog.ALIASES else label
+    for alias, kernel in kernels:
         out = os.path.join(args.out, alias)
         deaths: list[dict[str, object]] = []
         consoles: dict[str, bytes] = {}  # a dead attempt's whole console, kept past the next boot's wipe
@@ -250,7 +284,7 @@ def _matrix(args: argparse.Namespace) -> int:
         )
         rc = rc or res.rc
         with open(os.path.join(args.out, "matrix.json"), "w") as fh:
-            json.dump({"kernels": summary}, fh, indent=1)
+            json.dump({"planned": planned, "kernels": summary}, fh, indent=1)
     for row in summary:
         print(
             f"[vm] matrix {row['alias']:5s} {row['release']}: exit {row['rc']}, wall {row['wall_s']} s",

@@ -66,10 +66,46 @@ def find_kernel(explicit: str | None = None) -> GuestKernel:
             )
     vmlinuz = candidates[-1]
     base = os.path.basename(vmlinuz)
-    release = (
-        base.removeprefix("vmlinuz-") if base != "vmlinuz" else os.path.basename(os.path.dirname(vmlinuz))
-    )
+    if base.startswith("vmlinuz-"):
+        release = base.removeprefix("vmlinuz-")
+    elif base == "vmlinuz":
+        release = os.path.basename(os.path.dirname(vmlinuz))
+    else:  # a build tree's arch/x86/boot/bzImage: the release its header names
+        found = image_release(vmlinuz)
+        if found is None:
+            raise KernelNotFound(
+                f"{vmlinuz}: no kernel release in its name (vmlinuz-REL) nor in an x86 boot header"
+            )
+        release = found
     return _checked(GuestKernel(vmlinuz=vmlinuz, release=release))
+
+
+#: x86 boot protocol (Documentation/arch/x86/boot.rst): "HdrS" at 0x202; at 0x20E the offset, less 0x200, of
+#: the NUL-terminated version string ("7.3.4+deb13-amd64 (builder) #1 SMP ..."), in the setup code
+_HDR_MAGIC_AT = 0x202
+_VERSION_PTR_AT = 0x20E
+_SETUP_READ = 0x10000  # setup_sects is at most 64 sectors before the protocol's 2.x extensions
+
+
+def image_release(path: str) -> str | None:
+    """The release an x86 kernel image names in its boot header (``uname -r`` of that kernel: what
+    ``make modules_install`` named ``/lib/modules/<release>``), or None for any other file."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SETUP_READ)
+    except OSError:
+        return None
+    if head[_HDR_MAGIC_AT : _HDR_MAGIC_AT + 4] != b"HdrS" or len(head) < _VERSION_PTR_AT + 2:
+        return None
+    start = int.from_bytes(head[_VERSION_PTR_AT : _VERSION_PTR_AT + 2], "little") + 0x200
+    end = head.find(b"\0", start)
+    if not 0x200 < start < end:
+        return None
+    words = head[start:end].split()
+    release = words[0].decode("ascii", "replace") if words else ""
+    if not re.fullmatch(r"[\w.+~-]{1,64}", release):
+        return None
+    return release
 
 
 def _checked(kernel: GuestKernel) -> GuestKernel:

@@ -542,8 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--kernels",
-        default=",".join(MATRIX_KERNELS),
-        help=f"with --matrix: the kernels that must have results (default {','.join(MATRIX_KERNELS)})",
+        help="with --matrix: the kernels that must have results (default: those DIR/matrix.json planned, "
+        f"else {','.join(MATRIX_KERNELS)})",
     )
     ap.add_argument(
         "--phases",
@@ -558,7 +558,13 @@ def main(argv: list[str] | None = None) -> int:
         phases = [p.strip() for p in args.phases.split(",") if p.strip()]
         if not phases or not all(re.fullmatch(r"results(-[\w.]+)?", p) for p in phases):
             ap.error(f"--phases: names such as results,results-ib, not {args.phases!r}")
-        for alias in (k.strip() for k in args.kernels.split(",") if k.strip()):
+        try:
+            wanted = args.kernels.split(",") if args.kernels is not None else planned_kernels(args.matrix)
+        except BadInput as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        args.kernels = ",".join(wanted)  # what _guest_deaths reads too
+        for alias in (k.strip() for k in wanted if k.strip()):
             for phase in phases:
                 args.kernel_results.append((alias, args.matrix / alias / f"{phase}.json"))
                 junit = args.matrix / alias / f"{phase.replace('results', 'junit', 1)}.xml"
@@ -593,6 +599,22 @@ def main(argv: list[str] | None = None) -> int:
         who = f"kernel {m['kernel']}" if m["kernel"] else "kernel unknown"
         print(f"error: {who}: {m['path']}: {m['problem']}", file=sys.stderr)
     return 1 if rep["unexplained"] or rep["missing"] else 0
+
+
+def planned_kernels(matrix: Path) -> list[str]:
+    """The kernels ``python -m vm matrix --out DIR`` set out to boot (``DIR/matrix.json``, written before
+    the first boot, so a kernel that never ran is still asked for); without that file the matrix's three."""
+    path = matrix / "matrix.json"
+    if not path.is_file():
+        return list(MATRIX_KERNELS)
+    planned = _load_json(path).get("planned", list(MATRIX_KERNELS))
+    if not (
+        isinstance(planned, list)
+        and planned
+        and all(isinstance(k, str) and re.fullmatch(r"[\w.+~-]{1,40}", k) for k in planned)
+    ):
+        raise BadInput(f"{path}: 'planned' must be a list of kernel aliases, not {planned!r}")
+    return planned
 
 
 def _guest_deaths(args: argparse.Namespace) -> list[dict[str, Any]]:

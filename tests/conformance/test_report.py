@@ -493,6 +493,33 @@ def test_matrix_directory_names_every_kernel(tmp_path, capsys):
     assert bad.value.code == 2
 
 
+def test_matrix_report_asks_for_the_kernels_vm_matrix_planned(tmp_path, capsys):
+    """Without --kernels, --matrix DIR asks for what DIR/matrix.json planned (``vm matrix`` writes it before
+    the first boot): a kernel of your own under its label gets its column, and one that left nothing fails
+    the report by name. A malformed plan is bad input (2)."""
+    guest = tmp_path / "guest"
+    for alias, release in (("7.3", "7.3.4+deb13-amd64"), ("patched", "7.3.4-dirty")):
+        (guest / alias).mkdir(parents=True)
+        _results(guest / alias / "results.json", _runs()[:2], release=release)
+        _results(guest / alias / "results-ib.json", _ib_runs(), release=release)
+    args = ["--accepted", str(tmp_path / "none.toml"), "--out", str(tmp_path / "o"), "--matrix", str(guest)]
+    (guest / "matrix.json").write_text(json.dumps({"planned": ["7.3", "patched"], "kernels": []}))
+    assert report.main(args) == 0
+    rep = json.loads((tmp_path / "o" / "conformance-report.json").read_text())
+    assert set(rep["kernels"]) == {"7.3", "patched"} and "kernel@patched" in rep["columns"]
+    assert rep["kernels"]["patched"] == "7.3.4-dirty"
+    (guest / "matrix.json").write_text(json.dumps({"planned": ["7.3", "patched", "7.4"], "kernels": []}))
+    capsys.readouterr()
+    assert report.main(args) == 1
+    assert "kernel 7.4" in capsys.readouterr().err
+    assert report.main([*args, "--kernels", "7.3"]) == 0  # what is asked for by name wins
+    for bad in (["../x"], [], "7.3", [7]):
+        (guest / "matrix.json").write_text(json.dumps({"planned": bad, "kernels": []}))
+        assert report.main(args) == 2
+    (guest / "matrix.json").unlink()
+    assert report.main(args) == 1  # no plan: the matrix's three, and 6.1 and 6.12 left nothing
+
+
 def test_guest_deaths_of_the_matrix_are_reported_and_do_not_fail_it(tmp_path, capsys):
     """A guest that died mid-suite and was booted again (vm matrix's guest-deaths.json) is in the report with
     its console; the report's status is the last boot's results. A malformed record is bad input (2)."""

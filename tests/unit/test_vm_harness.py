@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import glob
 import json
 import os
 import shlex
@@ -459,3 +460,76 @@ def test_matrix_gives_up_after_its_reboots(tmp_path: Path, monkeypatch: pytest.M
     outcomes = [1, 0]
     assert _death_then(outcomes, tmp_path, monkeypatch) == 1 and outcomes == [0]
     assert not (tmp_path / "out" / "6.1" / "guest-deaths.json").exists()
+
+
+def _bzimage(path: Path, version: bytes, magic: bytes = b"HdrS") -> Path:
+    """A file shaped like an x86 kernel image's setup header: the magic and the version string's pointer."""
+    head = bytearray(0x4000)
+    head[0x202:0x206] = magic
+    at = 0x3000
+    head[0x20E:0x210] = (at - 0x200).to_bytes(2, "little")
+    head[at : at + len(version) + 1] = version + b"\0"
+    path.write_bytes(bytes(head))
+    return path
+
+
+def test_a_build_trees_image_is_named_by_the_release_in_its_boot_header(tmp_path: Path) -> None:
+    """arch/x86/boot/bzImage has no release in its name: the header's version string gives the one
+    ``make modules_install`` used for /lib/modules/<release> (Debian's images carry the same string)."""
+    image = _bzimage(tmp_path / "bzImage", b"7.4.0-rc1-dev+ (me@box) #3 SMP PREEMPT_DYNAMIC")
+    assert kernel_mod.image_release(str(image)) == "7.4.0-rc1-dev+"
+    with pytest.raises(KernelNotFound, match=r"/lib/modules/7\.4\.0-rc1-dev\+/kernel/net/rds/rds\.ko"):
+        find_kernel(str(image))
+    assert kernel_mod.image_release(str(_bzimage(tmp_path / "x", b"7.4 x", magic=b"ELF\0"))) is None
+    assert kernel_mod.image_release(str(_bzimage(tmp_path / "y", b"../../etc #1"))) is None
+    assert kernel_mod.image_release(str(tmp_path / "absent")) is None
+    (tmp_path / "short").write_bytes(b"\0" * 0x203)
+    assert kernel_mod.image_release(str(tmp_path / "short")) is None
+    with pytest.raises(KernelNotFound, match="no kernel release"):
+        find_kernel(str(tmp_path / "short"))
+    for path in glob.glob("/boot/vmlinuz-6.1.0-*-amd64"):  # a real image, where the host has one
+        assert kernel_mod.image_release(path) == os.path.basename(path).removeprefix("vmlinuz-")
+
+
+def test_matrix_kernels_take_labels_and_refuse_two_of_one_alias(monkeypatch: pytest.MonkeyPatch) -> None:
+    images = {
+        "6.1": GuestKernel("/boot/vmlinuz-6.1.0-57-amd64", "6.1.0-57-amd64"),
+        "/b/vmlinuz-7.4.0-rc1": GuestKernel("/b/vmlinuz-7.4.0-rc1", "7.4.0-rc1"),
+        "/src/bzImage": GuestKernel("/src/bzImage", "7.3.4-dirty"),
+        "7.3": GuestKernel("/c/vmlinuz", "7.3.4+deb13-amd64"),
+    }
+    monkeypatch.setattr(cli, "find_kernel", lambda name: images[name])
+    got = cli.matrix_kernels("6.1, /b/vmlinuz-7.4.0-rc1 ,7.3,patched=/src/bzImage,")
+    assert [(a, k.release) for a, k in got] == [
+        ("6.1", "6.1.0-57-amd64"),
+        ("7.4", "7.4.0-rc1"),
+        ("7.3", "7.3.4+deb13-amd64"),
+        ("patched", "7.3.4-dirty"),
+    ]
+    with pytest.raises(ValueError, match="two kernels would be '7.3'"):
+        cli.matrix_kernels("7.3,/src/bzImage")  # a patched 7.3 beside Debian's needs a label
+    for bad in ("../x=/src/bzImage", "a b=/src/bzImage", "=/src/bzImage", ".=/src/bzImage", " , "):
+        with pytest.raises(ValueError):
+            cli.matrix_kernels(bad)
+
+
+def test_matrix_takes_PYRDS_KERNELS_and_records_its_plan_before_booting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report asks for every kernel matrix.json planned: one whose boot never happened still fails it."""
+    monkeypatch.setenv(cli.KERNELS_ENV, "6.1,mine=/src/bzImage")
+    monkeypatch.setattr(cli, "find_kernel", lambda name: KERNEL)
+    monkeypatch.setattr(cli, "_config", lambda args, kernel, out: out)
+    out = tmp_path / "out"
+    plans: list[object] = []
+
+    def fake_run(res_dir: str) -> runner.RunResult:
+        plans.append(json.loads((out / "matrix.json").read_text())["planned"])
+        return runner.RunResult(0, 1.0, 1.0, 2.0, res_dir, messages=[])
+
+    monkeypatch.setattr(cli, "run", fake_run)
+    assert cli.main(["matrix", "--out", str(out), "--", "true"]) == 0
+    assert plans == [["6.1", "mine"], ["6.1", "mine"]]
+    doc = json.loads((out / "matrix.json").read_text())
+    assert [r["alias"] for r in doc["kernels"]] == ["6.1", "mine"]
+    assert [r["results"] for r in doc["kernels"]] == [str(out / "6.1"), str(out / "mine")]
