@@ -23,9 +23,11 @@ Within each kernel, a divergence is a scenario whose non-skipped runs on differe
 outcome (passed vs failed) or in a recorded observation, or whose differential machine failed. Accepted
 divergences are listed, with a reason each, in ONE file (``tests/conformance/accepted-divergences.toml``:
 ``[[divergence]] scenario = "glob" kind = "glob" backends = [...] kernels = [...] reason = "..."``; without
-``kernels`` an entry applies on every kernel). A divergence on an older kernel that no entry explains is
-accepted automatically when the userspace stack follows the newest kernel: every non-kernel value in it
-equals what the kernel backend showed on the newest kernel, which differs from this kernel's.
+``kernels`` an entry applies on every kernel; with it, on a kernel whose alias or release's major.minor it
+names, so a kernel of your own under a label is judged as its line). A divergence on an older kernel that
+no entry explains is accepted automatically when the userspace stack follows the newest kernel: every
+non-kernel value in it equals what the kernel backend showed on the newest kernel, which differs from this
+kernel's.
 
 Between kernels, the kernel backend's outcomes and observations are compared scenario by scenario
 ("Kernel vs kernel"): informational, never a failure.
@@ -250,7 +252,11 @@ def _within_kernel(kernel: str, by_scenario: dict[str, dict[str, Run]]) -> list[
     return out
 
 
-def _accept(d: Divergence, accepted: list[dict[str, Any]]) -> None:
+def _accept(d: Divergence, accepted: list[dict[str, Any]], lines: dict[str, set[str]] | None = None) -> None:
+    """The first entry of ``accepted`` that explains ``d``. An entry's ``kernels`` name major.minor lines:
+    they match the kernel's alias, or the line of its release (``lines``: a kernel of your own under a label,
+    ``patched`` running 7.3.4-dirty, is a 7.3 to an entry for ``"7.3"``)."""
+    own = {d.kernel} | (lines or {}).get(d.kernel, set())
     for e in accepted:
         if not fnmatch.fnmatchcase(d.scenario, e["scenario"]):
             continue
@@ -259,7 +265,7 @@ def _accept(d: Divergence, accepted: list[dict[str, Any]]) -> None:
         wanted = set(e.get("backends", []))
         if wanted and not wanted & set(d.results):
             continue
-        if "kernels" in e and d.kernel not in e["kernels"]:
+        if "kernels" in e and not own & set(e["kernels"]):
             continue
         d.accepted, d.reason = True, str(e["reason"])
         return
@@ -293,8 +299,15 @@ def _grouped(runs: list[Run]) -> dict[str, dict[str, dict[str, Run]]]:
     return out
 
 
-def find_divergences(runs: list[Run], accepted: list[dict[str, Any]]) -> list[Divergence]:
-    """Divergences between backends within each kernel, with acceptance applied."""
+def find_divergences(
+    runs: list[Run], accepted: list[dict[str, Any]], releases: dict[str, str] | None = None
+) -> list[Divergence]:
+    """Divergences between backends within each kernel, with acceptance applied (``releases``: alias ->
+    the release(s) its results recorded, comma-separated, for :func:`_accept`)."""
+    lines = {
+        alias: {short_alias(r.strip()) for r in text.split(",") if r.strip()}
+        for alias, text in (releases or {}).items()
+    }
     grouped = _grouped(runs)
     newest = newest_kernel(list(grouped))
     out: list[Divergence] = []
@@ -302,7 +315,7 @@ def find_divergences(runs: list[Run], accepted: list[dict[str, Any]]) -> list[Di
         out += _within_kernel(kernel, grouped[kernel])
     out.sort(key=lambda d: (kernel_key(d.kernel), d.scenario, d.kind))
     for d in out:
-        _accept(d, accepted)
+        _accept(d, accepted, lines)
         if not d.accepted:
             _auto_accept(d, grouped, newest)
     return out
@@ -358,7 +371,7 @@ def build(
         col = column(r.backend, r.kernel)
         scenarios[r.scenario][col] = r.outcome
         totals[col][r.outcome] += 1
-    divs = find_divergences(runs, accepted)
+    divs = find_divergences(runs, accepted, releases)
     return {
         "schema": SCHEMA,
         "kernels": {k: releases[k] for k in sorted(releases, key=kernel_key)},

@@ -276,6 +276,28 @@ def test_accepted_entry_restricted_to_kernels(tmp_path):
     assert report.main(base) == 2  # kernels must be a list
 
 
+def test_a_labelled_kernel_is_judged_by_its_releases_line(tmp_path):
+    """``PYRDS_KERNELS=patched=IMAGE``: the kernel's alias is the label, but an entry for ``kernels =
+    ["7.3"]`` applies when its release is a 7.3 (your patched 7.3 gets Debian 7.3's accepted divergences,
+    so what stays unexplained is what your patch changed), and not when it is a 6.12."""
+    runs = _on("patched", _ib("'bind'", "'setsockopt'"))
+    entry = {"scenario": "o.py::t_ib", "kind": "observation:ib", "kernels": ["7.3"], "reason": "IB"}
+    assert build(runs, [entry], {"patched": "7.3.4-dirty"})["unexplained"] == 0
+    assert build(runs, [entry], {"patched": "6.12.118-dirty"})["unexplained"] == 1
+    assert build(runs, [entry])["unexplained"] == 1  # release unknown: the label alone
+    assert build(runs, [{**entry, "kernels": ["patched"]}])["unexplained"] == 0
+    # through the CLI: the release comes from the results file
+    acc = tmp_path / "acc.toml"
+    acc.write_text('[[divergence]]\nscenario = "o.py::t_ib"\nkernels = ["7.3"]\nreason = "IB"\n')
+    res = _results(tmp_path / "p.json", _ib("'bind'", "'setsockopt'"), release="7.3.4-dirty")
+    assert (
+        report.main(
+            ["--accepted", str(acc), "--out", str(tmp_path / "o"), "--kernel-results", f"patched={res}"]
+        )
+        == 0
+    )
+
+
 def test_userspace_following_the_newest_kernel_is_accepted_automatically():
     runs = (
         _on("6.1", _ib("'bind'", "'setsockopt'", "'setsockopt'"))
