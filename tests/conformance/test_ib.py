@@ -248,8 +248,11 @@ def _nobody(node: Any) -> str:
 
 
 def _queued_to(sock: Any, faddr: str) -> list[int]:
-    """The destination ports of the RDS_INFO_SEND_MESSAGES rows toward ``faddr``, in table order."""
-    return [r.fport for r in sock.get_info(InfoType.RDS_INFO_SEND_MESSAGES) if str(r.faddr) == faddr]
+    """The destination ports of the send queue's rows toward ``faddr``, sorted. From RDS6_INFO_SEND_MESSAGES
+    (v4-mapped addresses): the IPv4 table gives every row laddr and faddr 0.0.0.0 on the kernels
+    (docs/kernel-vs-facts.md row 22), which made this scenario see no kernel rows at all until 2026-12-04."""
+    mapped = ipaddress.IPv6Address(f"::ffff:{faddr}")
+    return sorted(r.fport for r in sock.get_info(InfoType.RDS6_INFO_SEND_MESSAGES) if r.faddr == mapped)
 
 
 def _fill(a: Any, dest: tuple[str, int]) -> tuple[int, str]:
@@ -274,7 +277,7 @@ def test_ib_cancel_sent_to(rds_ib_pair, rds_observe):
     """RDS_CANCEL_SENT_TO (``rds_send_drop_to``) over RDS/IB. Node A's socket (SO_SNDBUF CANCEL_SNDBUF) sends
     a small message to an address nobody has on port OTHER_PORT, then CANCEL_MSG-byte messages to the same
     address on CANCEL_PORT until its send buffer refuses one (the connection is never made: they all stay in
-    its send queue, which RDS_INFO_SEND_MESSAGES lists). Cancelling CANCEL_PORT takes those rows out of the
+    its send queue, which RDS6_INFO_SEND_MESSAGES lists). Cancelling CANCEL_PORT takes those rows out of the
     table and frees their bytes (the refused send now goes through), and leaves the OTHER_PORT message queued;
     cancelling that too empties the table. Then, to node B (reachable): a message delivered before the cancel
     stays delivered and the next one arrives after it. Observed: how many fit, the refusal's errno, the ports
@@ -286,10 +289,9 @@ def test_ib_cancel_sent_to(rds_ib_pair, rds_observe):
     sent, refusal = _fill(a, (nobody, CANCEL_PORT))
     rds_observe("filled", (sent, refusal))
     assert sent >= 1 and refusal == "EAGAIN", (sent, refusal)
-    # what the table lists is only recorded: 6.1, 6.12 and 7.3 list none of these messages (kernel-kernel and
-    # kernel-userspace, 2026-11-27), the userspace stack lists all of them (an accepted divergence)
     before = _queued_to(a, nobody)
     rds_observe("listed_before", before)
+    assert before == [CANCEL_PORT] * sent + [OTHER_PORT], (sent, before)
     a.setsockopt(SOL_RDS, SockOpt.RDS_CANCEL_SENT_TO, sockaddr_in(nobody, CANCEL_PORT))
     after = _queued_to(a, nobody)
     rds_observe("listed_after_cancel", after)

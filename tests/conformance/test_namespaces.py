@@ -25,6 +25,9 @@ and on the userspace stack), and whether Y's RDS_INFO_TCP_SOCKETS lists X's conn
 (``listed_across_namespaces_tcp_sockets``: False on those three kernels and the userspace stack); that X's
 own socket gets the message sent after it, on the same connection, and that X's table lists that
 connection, holds on both.
+
+The last scenario uses X alone: a message queued for an address nobody has, as the send-queue tables list
+it (``v4_send_row_addresses``: the IPv4 table gives no addresses, on the kernels and the userspace stack).
 """
 
 from __future__ import annotations
@@ -237,3 +240,24 @@ def test_message_for_a_port_of_another_namespace(sender_and_two_namespaces, rds_
         got = b""
     assert got in (b"", b"for Y's port"), got
     rds_observe("delivered_across_namespaces", bool(got))
+
+
+def test_send_queue_tables_and_their_addresses(two_namespaces, rds_observe) -> None:  # type: ignore[no-untyped-def]
+    """A message queued in X for an address of X's subnet that nobody has (its RDS/TCP connection is never
+    made): RDS_INFO_SEND_MESSAGES and RDS6_INFO_SEND_MESSAGES each list it once, by port and length. The
+    RDS6 table names both ends (v4-mapped); the IPv4 table gives 0.0.0.0 for both on 6.1.0-57 and 7.3.4,
+    over RDS/TCP and RDS/IB (2026-12-04, docs/kernel-vs-facts.md row 22), and the userspace stack does the
+    same. Observed: the IPv4 table's addresses of the row (``v4_send_row_addresses``)."""
+    x, _y, addr = two_namespaces
+    nobody = str(ipaddress.IPv4Network(f"{addr}/24", strict=False).network_address + 200)
+    sock = x.socket()
+    sock.bind((addr, 0))
+    port = sock.getsockname()[1]
+    assert sock.sendto(b"q" * 100, socket.MSG_DONTWAIT, (nobody, 4000)) == 100
+    rows4 = [r for r in sock.get_info(InfoType.RDS_INFO_SEND_MESSAGES) if r.lport == port]
+    rows6 = [r for r in sock.get_info(InfoType.RDS6_INFO_SEND_MESSAGES) if r.lport == port]
+    assert [(r.fport, r.len) for r in rows4] == [(4000, 100)], rows4
+    assert [(r.fport, r.len) for r in rows6] == [(4000, 100)], rows6
+    mapped = [ipaddress.IPv6Address(f"::ffff:{a}") for a in (addr, nobody)]
+    assert [rows6[0].laddr, rows6[0].faddr] == mapped, rows6
+    rds_observe("v4_send_row_addresses", f"{rows4[0].laddr} -> {rows4[0].faddr}")

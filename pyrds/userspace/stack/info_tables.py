@@ -156,7 +156,10 @@ def records(stack: Stack, info_type: int) -> list[Any]:
             if v6:
                 out.append(info.Message6Info(seq, length, _v6(la), _v6(fa), lp, fp, _NOFLAG, tos))
             elif la.version == 4:
-                out.append(info.MessageInfo(seq, length, _v4(la), _v4(fa), lp, fp, _NOFLAG, tos))
+                # as the kernel: its IPv4 send and retransmit tables give every message laddr and faddr
+                # 0.0.0.0 (6.1.0-57 and 7.3.4, RDS/TCP and RDS/IB, 2026-12-04: docs/kernel-vs-facts.md
+                # row 22); the RDS6 tables above carry the addresses
+                out.append(info.MessageInfo(seq, length, _ANY4, _ANY4, lp, fp, _NOFLAG, tos))
         return out
     # TCP sockets
     out = []

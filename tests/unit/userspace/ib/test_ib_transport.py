@@ -149,6 +149,22 @@ def test_only_ib_pinned_sockets_select_the_ib_transport() -> None:
 
 
 # -- data ----------------------------------------------------------------------------------------------------
+def test_the_ipv4_send_table_gives_no_addresses_and_the_rds6_one_does() -> None:
+    """As the kernel (docs/kernel-vs-facts.md row 22): RDS_INFO_SEND_MESSAGES lists a queued message with
+    laddr and faddr 0.0.0.0 (6.1.0-57 and 7.3.4, RDS/TCP and RDS/IB), ports and length as they are;
+    RDS6_INFO_SEND_MESSAGES lists the same message with both addresses, v4-mapped."""
+    pair = Pair()
+    sa = ib_socket(pair.a, A, 4000)
+    ib_socket(pair.b, B, 5000)
+    assert pair.a.sendmsg(sa, b"x" * 100, [], 0, (ip(B), 5000), True) == 100
+    (row,) = info_tables.records(pair.a, InfoType.RDS_INFO_SEND_MESSAGES)
+    any4 = ipaddress.IPv4Address(0)
+    assert (row.laddr, row.faddr, row.lport, row.fport, row.len) == (any4, any4, 4000, 5000, 100)
+    (row6,) = info_tables.records(pair.a, InfoType.RDS6_INFO_SEND_MESSAGES)
+    mapped = [ipaddress.IPv6Address(f"::ffff:{x}") for x in (A, B)]
+    assert [row6.laddr, row6.faddr, row6.lport, row6.fport, row6.len] == [*mapped, 4000, 5000, 100]
+
+
 def test_send_recv_acked_and_info_over_ib() -> None:
     pair = Pair()
     sa = ib_socket(pair.a, A, 4000)
