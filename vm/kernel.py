@@ -84,7 +84,7 @@ def find_kernel(explicit: str | None = None) -> GuestKernel:
 #: the NUL-terminated version string ("7.3.4+deb13-amd64 (builder) #1 SMP ..."), in the setup code
 _HDR_MAGIC_AT = 0x202
 _VERSION_PTR_AT = 0x20E
-_SETUP_READ = 0x10000  # setup_sects is at most 64 sectors before the protocol's 2.x extensions
+_SETUP_READ = 0x10000  # the string sits in the real-mode setup code: at 17-18 KiB in Debian's three images
 
 
 def image_release(path: str) -> str | None:
@@ -103,7 +103,7 @@ def image_release(path: str) -> str | None:
         return None
     words = head[start:end].split()
     release = words[0].decode("ascii", "replace") if words else ""
-    if not re.fullmatch(r"[\w.+~-]{1,64}", release):
+    if not re.fullmatch(r"[A-Za-z0-9_.+~-]{1,64}", release):
         return None
     return release
 

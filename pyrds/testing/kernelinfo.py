@@ -44,6 +44,11 @@ def kernel_line(release: str | None = None) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+#: a kernel's alias or label: what ``vm matrix --kernels LABEL=PATH`` and the report accept, also a
+#: directory name (DIR/<alias>)
+KERNEL_LABEL = re.compile(r"[A-Za-z0-9_.+~-]{1,40}")
+
+
 def short_alias(release: str) -> str:
     """``6.1.0-56-amd64`` -> ``6.1``, ``7.3.4+deb13-amd64`` -> ``7.3``; other strings unchanged."""
     line = kernel_line(release)
