@@ -245,9 +245,9 @@ def test_message_for_a_port_of_another_namespace(sender_and_two_namespaces, rds_
 def test_send_queue_tables_and_their_addresses(two_namespaces, rds_observe) -> None:  # type: ignore[no-untyped-def]
     """A message queued in X for an address of X's subnet that nobody has (its RDS/TCP connection is never
     made): RDS_INFO_SEND_MESSAGES and RDS6_INFO_SEND_MESSAGES each list it once, by port and length. The
-    RDS6 table names both ends (v4-mapped); the IPv4 table gives 0.0.0.0 for both on 6.1.0-57 and 7.3.4,
-    over RDS/TCP and RDS/IB (2026-12-04, docs/kernel-vs-facts.md row 22), and the userspace stack does the
-    same. Observed: the IPv4 table's addresses of the row (``v4_send_row_addresses``)."""
+    RDS6 table names both ends (v4-mapped); the IPv4 table gives 0.0.0.0 for both on 6.1.0-57, 6.12.118
+    and 7.3.4, over RDS/TCP and RDS/IB (2026-12-04, docs/kernel-vs-facts.md row 22), and the userspace stack
+    does the same. Observed: the IPv4 table's addresses of the row (``v4_send_row_addresses``)."""
     x, _y, addr = two_namespaces
     nobody = str(ipaddress.IPv4Network(f"{addr}/24", strict=False).network_address + 200)
     sock = x.socket()

@@ -157,7 +157,7 @@ def records(stack: Stack, info_type: int) -> list[Any]:
                 out.append(info.Message6Info(seq, length, _v6(la), _v6(fa), lp, fp, _NOFLAG, tos))
             elif la.version == 4:
                 # as the kernel: its IPv4 send and retransmit tables give every message laddr and faddr
-                # 0.0.0.0 (6.1.0-57 and 7.3.4, RDS/TCP and RDS/IB, 2026-12-04: docs/kernel-vs-facts.md
+                # 0.0.0.0 (6.1.0-57, 6.12.118, 7.3.4; RDS/TCP and RDS/IB; 2026-12-04: docs/kernel-vs-facts.md
                 # row 22); the RDS6 tables above carry the addresses
                 out.append(info.MessageInfo(seq, length, _ANY4, _ANY4, lp, fp, _NOFLAG, tos))
         return out

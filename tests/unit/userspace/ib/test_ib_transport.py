@@ -151,7 +151,7 @@ def test_only_ib_pinned_sockets_select_the_ib_transport() -> None:
 # -- data ----------------------------------------------------------------------------------------------------
 def test_the_ipv4_send_table_gives_no_addresses_and_the_rds6_one_does() -> None:
     """As the kernel (docs/kernel-vs-facts.md row 22): RDS_INFO_SEND_MESSAGES lists a queued message with
-    laddr and faddr 0.0.0.0 (6.1.0-57 and 7.3.4, RDS/TCP and RDS/IB), ports and length as they are;
+    laddr and faddr 0.0.0.0 (6.1.0-57, 6.12.118, 7.3.4; RDS/TCP, RDS/IB), ports and length as they are;
     RDS6_INFO_SEND_MESSAGES lists the same message with both addresses, v4-mapped."""
     pair = Pair()
     sa = ib_socket(pair.a, A, 4000)
