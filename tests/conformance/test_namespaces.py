@@ -37,7 +37,6 @@ import errno
 import ipaddress
 import os
 import socket
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -262,49 +261,3 @@ def test_send_queue_tables_and_their_addresses(two_namespaces, rds_observe) -> N
     mapped = [ipaddress.IPv6Address(f"::ffff:{a}") for a in (addr, nobody)]
     assert [rows6[0].laddr, rows6[0].faddr] == mapped, rows6
     rds_observe("v4_send_row_addresses", f"{rows4[0].laddr} -> {rows4[0].faddr}")
-
-
-#: netem delay on X's side of the S-X link in the retransmit-table scenario: X's acknowledgements (TCP's and
-#: RDS's) reach S this much later, so a message S sent stays unacknowledged that long
-ACK_DELAY_MS = 4000
-
-
-def test_retransmit_table_and_its_addresses(sender_and_two_namespaces, rds_observe) -> None:  # type: ignore[no-untyped-def]
-    """S sends to X over RDS/TCP while X's acknowledgements are delayed by ACK_DELAY_MS (netem on X's end of
-    the link): right after the send, S's RDS_INFO_RETRANS_MESSAGES and RDS6_INFO_RETRANS_MESSAGES each list
-    the message once, by port and length; the RDS6 table names both ends (v4-mapped), the IPv4 table gives
-    0.0.0.0 for both (docs/kernel-vs-facts.md row 22). Once acknowledged it is listed no more. Observed: the
-    IPv4 table's addresses of the row (``v4_retrans_row_addresses``)."""
-    if not netns.netem_available():
-        pytest.skip("this kernel has no netem qdisc (sch_netem): the acknowledgements cannot be delayed")
-    s, x, _y, src, addr = sender_and_two_namespaces
-    sender, receiver = s.socket(), x.socket()
-    sender.bind((src, 0))
-    receiver.bind((addr, 0))
-    receiver.settimeout(60)
-    port, dest = sender.getsockname()[1], receiver.getsockname()
-    netns.set_netem(x.ns, "rdsv1", netns.Netem(delay_ms=ACK_DELAY_MS))
-
-    def rows(table: InfoType) -> list[Any]:
-        return [r for r in sender.get_info(table) if r.lport == port and r.fport == dest[1]]
-
-    def drained(deadline_s: float) -> bool:
-        deadline = time.monotonic() + deadline_s
-        while rows(InfoType.RDS6_INFO_RETRANS_MESSAGES):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.2)
-        return True
-
-    sender.sendto(b"first", dest)  # the connection is made (its handshake waits ACK_DELAY_MS too)
-    assert receiver.recv(100) == b"first"
-    assert drained(60), "the first message was never acknowledged"
-    sender.sendto(b"r" * 60, dest)
-    rows4, rows6 = rows(InfoType.RDS_INFO_RETRANS_MESSAGES), rows(InfoType.RDS6_INFO_RETRANS_MESSAGES)
-    assert [r.len for r in rows6] == [60], rows6
-    assert [r.len for r in rows4] == [60], rows4
-    mapped = [ipaddress.IPv6Address(f"::ffff:{a}") for a in (src, addr)]
-    assert [rows6[0].laddr, rows6[0].faddr] == mapped, rows6
-    rds_observe("v4_retrans_row_addresses", f"{rows4[0].laddr} -> {rows4[0].faddr}")
-    assert receiver.recv(100) == b"r" * 60
-    assert drained(60), "the second message was never acknowledged"
