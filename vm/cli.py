@@ -9,7 +9,7 @@ import shlex
 import shutil
 import sys
 
-from pyrds.testing.kernelinfo import KERNEL_LABEL, short_alias
+from pyrds.testing.kernelinfo import is_kernel_label, short_alias
 from vm import accel as accel_mod
 from vm import catalog, guestpy, virtiofs
 from vm.kernel import GuestKernel, KernelNotFound, find_kernel
@@ -215,7 +215,7 @@ def matrix_kernels(text: str) -> list[tuple[str, GuestKernel]]:
         label, sep, image = entry.partition("=")
         if sep:
             label = label.strip()
-            if not KERNEL_LABEL.fullmatch(label) or label in (".", ".."):
+            if not is_kernel_label(label):
                 raise ValueError(f"--kernels: {label!r} is not a label (letters, digits, . + ~ - _)")
             kernel = find_kernel(image.strip())
             alias = label

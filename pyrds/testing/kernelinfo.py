@@ -44,9 +44,13 @@ def kernel_line(release: str | None = None) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-#: a kernel's alias or label: what ``vm matrix --kernels LABEL=PATH`` and the report accept, also a
-#: directory name (DIR/<alias>)
-KERNEL_LABEL = re.compile(r"[A-Za-z0-9_.+~-]{1,40}")
+_KERNEL_LABEL = re.compile(r"[A-Za-z0-9_.+~-]{1,40}")
+
+
+def is_kernel_label(text: str) -> bool:
+    """Whether ``text`` can be a kernel's alias or label: what ``vm matrix --kernels LABEL=PATH`` and the
+    report's planned kernels accept; it becomes a directory name (DIR/<alias>), so never "." or ".."."""
+    return bool(_KERNEL_LABEL.fullmatch(text)) and text not in (".", "..")
 
 
 def short_alias(release: str) -> str:

@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyrds.testing.kernelinfo import KERNEL_LABEL, short_alias
+from pyrds.testing.kernelinfo import is_kernel_label, short_alias
 
 SCHEMA = 2
 #: backends in column order (within one kernel)
@@ -624,7 +624,7 @@ def planned_kernels(matrix: Path) -> list[str]:
     if not (
         isinstance(planned, list)
         and planned
-        and all(isinstance(k, str) and KERNEL_LABEL.fullmatch(k) for k in planned)
+        and all(isinstance(k, str) and is_kernel_label(k) for k in planned)
     ):
         raise BadInput(f"{path}: 'planned' must be a list of kernel aliases, not {planned!r}")
     return planned

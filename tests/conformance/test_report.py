@@ -535,7 +535,7 @@ def test_matrix_report_asks_for_the_kernels_vm_matrix_planned(tmp_path, capsys):
     assert report.main(args) == 1
     assert "kernel 7.4" in capsys.readouterr().err
     assert report.main([*args, "--kernels", "7.3"]) == 0  # what is asked for by name wins
-    for bad in (["../x"], [], "7.3", [7]):
+    for bad in (["../x"], [], "7.3", [7], [".."], ["7.3", "."]):
         (guest / "matrix.json").write_text(json.dumps({"planned": bad, "kernels": []}))
         assert report.main(args) == 2
     (guest / "matrix.json").unlink()
