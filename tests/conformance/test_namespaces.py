@@ -26,8 +26,11 @@ and on the userspace stack), and whether Y's RDS_INFO_TCP_SOCKETS lists X's conn
 own socket gets the message sent after it, on the same connection, and that X's table lists that
 connection, holds on both.
 
-The last scenario uses X alone: a message queued for an address nobody has, as the send-queue tables list
-it (``v4_send_row_addresses``: the IPv4 table gives no addresses, on the kernels and the userspace stack).
+The send-queue scenario uses X alone: a message queued for an address nobody has, as the send-queue tables
+list it (``v4_send_row_addresses``: the IPv4 table gives no addresses, on the kernels and the userspace
+stack). The retransmit-table scenario uses S and X: a message sent while X's acknowledgements are held back
+by netem, as the retransmit tables list it (``v4_retrans_row_addresses``: no addresses in the IPv4 table
+either).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import errno
 import ipaddress
 import os
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -261,3 +265,67 @@ def test_send_queue_tables_and_their_addresses(two_namespaces, rds_observe) -> N
     mapped = [ipaddress.IPv6Address(f"::ffff:{a}") for a in (addr, nobody)]
     assert [rows6[0].laddr, rows6[0].faddr] == mapped, rows6
     rds_observe("v4_send_row_addresses", f"{rows4[0].laddr} -> {rows4[0].faddr}")
+
+
+#: netem delay on X's end of the S-X link in the retransmit-table scenario, set once the connection is up: a
+#: message S sends then stays unacknowledged (TCP's ACK and RDS's) at least this long
+ACK_DELAY_MS = 5000
+
+
+def test_retransmit_table_and_its_addresses(sender_and_two_namespaces, rds_observe) -> None:  # type: ignore[no-untyped-def]
+    """S sends to X over RDS/TCP while X's acknowledgements are delayed by ACK_DELAY_MS (netem on X's end of
+    the link): while it is unacknowledged, S's RDS_INFO_RETRANS_MESSAGES and RDS6_INFO_RETRANS_MESSAGES each
+    list the message once, by port and length; the RDS6 table names both ends (v4-mapped), the IPv4 table
+    gives 0.0.0.0 for both on 6.1.0-57, 6.12.118 and 7.3.4 (docs/kernel-vs-facts.md row 22). Once
+    acknowledged it is listed no more. Observed: the IPv4 table's addresses of the row
+    (``v4_retrans_row_addresses``).
+
+    The tables are read until both list the message, not once right after the send: a message goes to the
+    retransmit queue when it is written to its path's TCP connection, and the path this socket hashes to
+    may still be connecting then. The kernel connects every path at once after the handshake
+    (rds_start_mprds); a userspace owner dials them one at a time (proto/pathset.py), which with the delay
+    takes a few seconds per path. In a 6.1.0-57 guest a single look right after the send found the
+    userspace stack's table empty in 2 of 3 runs (2026-12-04)."""
+    if not netns.netem_available():
+        pytest.skip("this kernel has no netem qdisc (sch_netem): the acknowledgements cannot be delayed")
+    s, x, _y, src, addr = sender_and_two_namespaces
+    sender, receiver = s.socket(), x.socket()
+    sender.bind((src, 0))
+    receiver.bind((addr, 0))
+    receiver.settimeout(60)
+    port, dest = sender.getsockname()[1], receiver.getsockname()
+
+    def rows(table: InfoType) -> list[Any]:
+        return [r for r in sender.get_info(table) if r.lport == port and r.fport == dest[1]]
+
+    def drained(deadline_s: float) -> bool:
+        deadline = time.monotonic() + deadline_s
+        while rows(InfoType.RDS6_INFO_RETRANS_MESSAGES):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
+    # the connection made and its handshake done without delay; then X's acknowledgements are held back
+    for warm in (b"first", b"second"):
+        sender.sendto(warm, dest)
+        assert receiver.recv(100) == warm
+    assert drained(60), "the warm-up messages were never acknowledged"
+    netns.set_netem(x.ns, "rdsv1", netns.Netem(delay_ms=ACK_DELAY_MS))
+    sender.sendto(b"r" * 60, dest)
+    rows4: list[Any] = []
+    rows6: list[Any] = []
+    deadline = time.monotonic() + 60
+    while not (rows4 and rows6) and time.monotonic() < deadline:
+        rows6 = rows(InfoType.RDS6_INFO_RETRANS_MESSAGES)
+        rows4 = rows(InfoType.RDS_INFO_RETRANS_MESSAGES) if rows6 else []
+        if not (rows4 and rows6):
+            time.sleep(0.05)
+    assert [r.len for r in rows6] == [60], rows6
+    assert [r.len for r in rows4] == [60], rows4
+    mapped = [ipaddress.IPv6Address(f"::ffff:{a}") for a in (src, addr)]
+    assert [rows6[0].laddr, rows6[0].faddr] == mapped, rows6
+    rds_observe("v4_retrans_row_addresses", f"{rows4[0].laddr} -> {rows4[0].faddr}")
+    assert receiver.recv(100) == b"r" * 60
+    assert drained(60), "the message was never acknowledged"
+    netns.clear_netem(x.ns, "rdsv1")
