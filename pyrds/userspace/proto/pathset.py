@@ -30,9 +30,11 @@ Nothing on the wire names the path, so both ends must agree on the pairing of TC
   probe/pong carried SPORT_IDX, an incoming connection belongs to path ``port % npaths`` (7.x
   ``rds_tcp_accept_one_path``), whoever dialled; if that path still has a connection, the new one waits
   until the old one is gone (7.x stashes it the same way), and the old one's keepalive probe is made at
-  once, so a connection the peer lost (a restart, a lost RST) is reset within about a second. Before
-  any handshake nothing is known: the rules above apply. At fan-out, an acceptor whose path 0 came from a
-  port with ``port % npaths != 0`` drops it (the peer opened another path first), like 7.x.
+  once, so a connection the peer lost (a restart, a lost RST) is reset within about a second. To such a
+  peer, once it answered our probe on path 0 (it has then read our SPORT_IDX) and path 0 is confirmed, the
+  owner dials every other path at once (:func:`fan_out_dials`), as the kernel's ``rds_start_mprds`` does.
+  Before any handshake nothing is known: the rules above apply. At fan-out, an acceptor whose path 0 came
+  from a port with ``port % npaths != 0`` drops it (the peer opened another path first), like 7.x.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ __all__ = [
     "accept_path",
     "dial_port",
     "is_tagged",
+    "fan_out_dials",
     "next_dial",
     "pyrds_dialer_port",
     "sport_idx_ports",
@@ -149,3 +152,17 @@ def next_dial(lanes: Sequence[Lane], npaths: int) -> int | None:
             continue
         return index if lane == Lane.DOWN else None
     return None
+
+
+def fan_out_dials(lanes: Sequence[Lane], npaths: int) -> list[int]:
+    """The paths the owner dials now when the peer pairs connections by source port (SPORT_IDX, and our own
+    probe on this path 0 was answered, so the peer knows we do too): every path above 0 that is down, all
+    at once, once path 0 is confirmed, as the kernel's ``rds_start_mprds`` connects every path after the
+    handshake; nothing while any path is closing; path 0 alone (:func:`next_dial`) until it is confirmed.
+    The order of the dials does not matter to such a peer: each connection's port names its path."""
+    if any(lane == Lane.CLOSING for lane in lanes):
+        return []
+    if not lanes or lanes[0] != Lane.CONFIRMED:
+        first = next_dial(lanes, npaths)
+        return [] if first is None else [first]
+    return [i for i in range(1, npaths) if (lanes[i] if i < len(lanes) else Lane.DOWN) == Lane.DOWN]

@@ -29,7 +29,7 @@ from pyrds.userspace.proto import (
     PongReceived,
     RDSHeader,
 )
-from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, PORT_TAG, dial_port, is_tagged
+from pyrds.userspace.proto.pathset import OWNER_PREAMBLE, PORT_TAG, Lane, dial_port, fan_out_dials, is_tagged
 from pyrds.userspace.stack.core import Stack
 from pyrds.userspace.stack.counters import info_counters
 from pyrds.userspace.stack.errors import StackError
@@ -628,3 +628,46 @@ def test_a_6_1_owner_leaves_no_pairing_to_resume(peers: list[socket.socket], tmp
     assert not again.with_sport_idx and again.npaths == 0 and len(again.paths) == 1
     assert mgr2.rx_page is not None
     mgr2.rx_page.close(remove=True)
+
+
+def _pong(ext: bytes) -> bytes:
+    """A pong (port 0 -> RDS_FLAG_PROBE_PORT) answering our probe, with the handshake ``ext`` (PROBE_7X's
+    extension headers, or none)."""
+    head = RDSHeader(sequence=1, sport=0, dport=1).encode()
+    return head[:32] + ext if ext else head
+
+
+@pytest.mark.parametrize(
+    ("frame", "dialled"),
+    [
+        pytest.param(_pong(PROBE_7X[32:]), [1, 2, 3, 4, 5, 6, 7], id="7x-pong: every path at once"),
+        pytest.param(PROBE_7X, [1], id="7x-probe-only: the peer may not have read our SPORT_IDX"),
+        pytest.param(
+            RDSHeader(sequence=1, sport=0, dport=1, exthdr=(ExtHeader.npaths(8),)).encode(),
+            [1],
+            id="6.1-pong: one at a time",
+        ),
+    ],
+)
+def test_owner_fans_out_at_once_to_a_peer_that_pairs_by_port(
+    peers: list[socket.socket], frame: bytes, dialled: list[int]
+) -> None:
+    """The owner dials every other path at once (rds_start_mprds) only when the peer's handshake carried
+    SPORT_IDX and answered our probe on this path 0; else path 1 first, the rest one at a time."""
+    conn, _svc, _stack = make_conn(owner=True)
+    p0 = conn.paths[0]
+    p0.established(connect_from(kernel_port(0), peers))
+    p0.confirm()
+    assert p0.confirmed
+    arrive(p0, peers[-1], frame)
+    assert conn.npaths == 8
+    assert [p.index for p in conn.paths if p.dial_scheduled] == dialled
+
+
+def test_fan_out_dials_waits_for_path_0_and_for_closing_paths() -> None:
+    D, C, K, X = Lane.DOWN, Lane.CONNECTING, Lane.CONFIRMED, Lane.CLOSING
+    assert fan_out_dials([D], 8) == [0]
+    assert fan_out_dials([C, D], 8) == []
+    assert fan_out_dials([K, C, D, K], 4) == [2]
+    assert fan_out_dials([K], 4) == [1, 2, 3]  # paths not created yet count as down
+    assert fan_out_dials([K, D, X], 3) == []  # a teardown in progress: wait until every path is down

@@ -36,7 +36,7 @@ from pyrds.addr import IPAddress
 from pyrds.constants import RDS_MPATH_WORKERS
 from pyrds.userspace.proto.backoff import ReconnectBackoff
 from pyrds.userspace.proto.handshake import send_path_index, should_dial
-from pyrds.userspace.proto.pathset import accept_path, next_dial, pyrds_dialer_port
+from pyrds.userspace.proto.pathset import accept_path, fan_out_dials, next_dial, pyrds_dialer_port
 from pyrds.userspace.stack.transport import EventLoop, HashKey, StackHost
 from pyrds.userspace.transports.tcp.path import TcpPath
 from pyrds.userspace.transports.tcp.rxseq import RxSeqPage
@@ -98,6 +98,9 @@ class TcpConn:
         )
         self.npaths = 0
         self.with_sport_idx = False  # c_with_sport_idx: the peer's last probe/pong carried SPORT_IDX
+        #: owner: a pong answered our probe on the current path 0 connection (the peer has read the probe,
+        #: and with it our SPORT_IDX): with ``with_sport_idx`` the other paths are dialled all at once
+        self.probe_answered = False
         self.probe_sent = False
         self.redial_backoff = False  # a path was lost: the next dial of path 0 waits
         self.max_paths = RDS_MPATH_WORKERS  # 1 once a dialer that cannot pair paths (6.1) connected
@@ -162,7 +165,13 @@ class TcpConn:
         """A new path 0 connection: the owner probes on every one (7.x ``rds_conn_shutdown`` queues a ping for
         the next connection: the peer may be a restarted instance that knows neither NPATHS nor SPORT_IDX)."""
         if self.owner:
+            self.probe_answered = False
             self.send_probe()
+
+    def pong_received(self) -> None:
+        """A pong on path 0: the peer read our probe (TCP keeps path 0 in order), so it knows our SPORT_IDX
+        before it sees a dial of any other path."""
+        self.probe_answered = True
 
     def negotiated(self, npaths: int, sport_idx: bool = False) -> None:
         """``rds_recv_hs_exthdrs``: ``c_npaths`` and ``c_with_sport_idx`` from a probe ping/pong. A peer that
@@ -202,17 +211,24 @@ class TcpConn:
                 p.release(p.engine.reset_sequences())
 
     def advance(self) -> None:
-        """Owner: dial the next path (:func:`next_dial`), path 0 after a backoff if a path was lost."""
+        """Owner: dial the next path (:func:`next_dial`), path 0 after a backoff if a path was lost; to a peer
+        that pairs by port and answered our probe, every down path at once (:func:`fan_out_dials`)."""
         if not self.owner or self.closed:
             return
-        index = next_dial([p.lane for p in self.paths], self.npaths)
-        if index is None or index >= len(self.paths) or self.paths[index].dial_scheduled:
-            return
-        delay = 0.0
-        if index == 0 and self.redial_backoff:
-            self.redial_backoff = False
-            delay = max(SETTLE_DELAY, self.backoff.next_delay(time.monotonic()))
-        self.paths[index].dial_soon(delay)
+        lanes = [p.lane for p in self.paths]
+        if self.with_sport_idx and self.probe_answered:
+            indexes = fan_out_dials(lanes, self.npaths)  # the peer pairs by port: all at once, as the kernel
+        else:
+            index = next_dial(lanes, self.npaths)  # one at a time, in order (a 6.1 acceptor: pathset.py)
+            indexes = [] if index is None else [index]
+        for index in indexes:
+            if index >= len(self.paths) or self.paths[index].dial_scheduled:
+                continue
+            delay = 0.0
+            if index == 0 and self.redial_backoff:
+                self.redial_backoff = False
+                delay = max(SETTLE_DELAY, self.backoff.next_delay(time.monotonic()))
+            self.paths[index].dial_soon(delay)
 
     def path_confirmed(self, path: TcpPath) -> None:
         if all(p.confirmed for p in self.paths[: max(1, self.npaths)]):
