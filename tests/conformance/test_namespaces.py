@@ -283,9 +283,11 @@ def test_retransmit_table_and_its_addresses(sender_and_two_namespaces, rds_obser
     The tables are read until both list the message, not once right after the send: a message goes to the
     retransmit queue when it is written to its path's TCP connection, and the path this socket hashes to
     may still be connecting then. The kernel connects every path at once after the handshake
-    (rds_start_mprds); a userspace owner dials them one at a time (proto/pathset.py), which with the delay
-    takes a few seconds per path. In a 6.1.0-57 guest a single look right after the send found the
-    userspace stack's table empty in 2 of 3 runs (2026-12-04)."""
+    (rds_start_mprds), as a userspace owner does to a peer that pairs paths by port (7.x, pyrds); to any
+    other it dials them one at a time (proto/pathset.py), about two round trips per path. In a 6.1.0-57
+    guest a single look right after the send found the userspace stack's table empty in 2 of 3 runs
+    (2026-12-04, when the userspace owner dialled one at a time to every peer); a path still connecting is
+    the likely cause, not confirmed."""
     if not netns.netem_available():
         pytest.skip("this kernel has no netem qdisc (sch_netem): the acknowledgements cannot be delayed")
     s, x, _y, src, addr = sender_and_two_namespaces
