@@ -40,7 +40,6 @@ import errno
 import ipaddress
 import os
 import socket
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,7 +48,7 @@ import pytest
 from pyrds import netns
 from pyrds.constants import InfoType
 from pyrds.testing.agent import Agent
-from pyrds.testing.helpers import send_until_enobufs, wait_readable
+from pyrds.testing.helpers import send_until_enobufs, wait_for, wait_readable
 from pyrds.testing.topology import (
     delete_node_netns,
     netns_supported,
@@ -300,34 +299,31 @@ def test_retransmit_table_and_its_addresses(sender_and_two_namespaces, rds_obser
     def rows(table: InfoType) -> list[Any]:
         return [r for r in sender.get_info(table) if r.lport == port and r.fport == dest[1]]
 
-    def drained(deadline_s: float) -> bool:
-        deadline = time.monotonic() + deadline_s
-        while rows(InfoType.RDS6_INFO_RETRANS_MESSAGES):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.2)
-        return True
+    def drained() -> bool:
+        return not rows(InfoType.RDS6_INFO_RETRANS_MESSAGES)
+
+    listed: dict[int, list[Any]] = {}
+
+    def both_listed() -> bool:
+        """One pass over both tables, RDS6 first (the IPv4 one read only when RDS6 lists the message)."""
+        listed[6] = rows(InfoType.RDS6_INFO_RETRANS_MESSAGES)
+        listed[4] = rows(InfoType.RDS_INFO_RETRANS_MESSAGES) if listed[6] else []
+        return bool(listed[6] and listed[4])
 
     # the connection made and its handshake done without delay; then X's acknowledgements are held back
     for warm in (b"first", b"second"):
         sender.sendto(warm, dest)
         assert receiver.recv(100) == warm
-    assert drained(60), "the warm-up messages were never acknowledged"
+    assert wait_for(drained, timeout=60, interval=0.2), "the warm-up messages were never acknowledged"
     netns.set_netem(x.ns, "rdsv1", netns.Netem(delay_ms=ACK_DELAY_MS))
     sender.sendto(b"r" * 60, dest)
-    rows4: list[Any] = []
-    rows6: list[Any] = []
-    deadline = time.monotonic() + 60
-    while not (rows4 and rows6) and time.monotonic() < deadline:
-        rows6 = rows(InfoType.RDS6_INFO_RETRANS_MESSAGES)
-        rows4 = rows(InfoType.RDS_INFO_RETRANS_MESSAGES) if rows6 else []
-        if not (rows4 and rows6):
-            time.sleep(0.05)
+    wait_for(both_listed, timeout=60, interval=0.05)
+    rows4, rows6 = listed[4], listed[6]
     assert [r.len for r in rows6] == [60], rows6
     assert [r.len for r in rows4] == [60], rows4
     mapped = [ipaddress.IPv6Address(f"::ffff:{a}") for a in (src, addr)]
     assert [rows6[0].laddr, rows6[0].faddr] == mapped, rows6
     rds_observe("v4_retrans_row_addresses", f"{rows4[0].laddr} -> {rows4[0].faddr}")
     assert receiver.recv(100) == b"r" * 60
-    assert drained(60), "the message was never acknowledged"
+    assert wait_for(drained, timeout=60, interval=0.2), "the message was never acknowledged"
     netns.clear_netem(x.ns, "rdsv1")
