@@ -8,6 +8,8 @@ import select
 import socket
 import time
 
+import pytest
+
 from pyrds import cmsg
 from pyrds.cmsg import ZcopyCompletion, parse_ancdata
 from pyrds.constants import SOL_RDS, InfoConnectionFlag, InfoType, SockOpt, Transport
@@ -237,3 +239,56 @@ def test_cancel_sent_to_keeps_order(rds_two_nodes):
 def test_poll_pollout_tcp(rds_two_nodes):
     a, _b = _pair(rds_two_nodes)
     assert a.poll(select.POLLOUT, 1000) & select.POLLOUT
+
+
+@pytest.mark.parametrize("side", ["owner", "acceptor"])
+def test_one_path_lost_reconnects_alone(rds_two_nodes, rds_observe, side):
+    """One TCP path is destroyed (``ss -K``, an RST to the other end) on the dialling node A (the smaller
+    address) or on node B: that path is dialled again, and every other path keeps its TCP connection, as
+    6.1, 6.12 and 7.3 do (each ``rds_conn_path`` shuts down and reconnects on its own). Messages from
+    sockets on every path still arrive, once each. A userspace owner whose peer does not name its paths by
+    source port (a 6.1 or 6.12 acceptor) instead closes every path and dials them again in order
+    (pyrds.userspace.proto.pathset)."""
+    na, nb = rds_two_nodes.a, rds_two_nodes.b
+    old_dialer = (na.backend, nb.backend) == ("kernel", "userspace") and before_fix_series()
+    want = 1 if old_dialer else 8
+    a, b = _pair(rds_two_nodes)
+    senders = [a] + [na.socket() for _ in range(15)]
+    for s in senders[1:]:
+        s.bind((na.addr4, 0))
+    dst = b.getsockname()
+
+    def round_trip(tag: bytes) -> None:
+        for i, s in enumerate(senders):
+            s.sendto(tag + bytes([i]), dst)
+        got = sorted(b.recv(100) for _ in senders)
+        assert got == sorted(tag + bytes([i]) for i in range(len(senders)))
+
+    round_trip(b"warm")
+    assert wait_for(lambda: len(_tcp_paths(a, na.addr4, nb.addr4)) == want, 20), _tcp_paths(
+        a, na.addr4, nb.addr4
+    )
+    time.sleep(0.5 if want == 1 else 0)
+    round_trip(b"up")
+    before = {p.local_port for p in _tcp_paths(a, na.addr4, nb.addr4)}
+    assert len(before) == want
+    # a path other than 0: a 7.x or pyrds dialer names path i by port % 8 == i (6.1's ports are random)
+    victim = next((p for p in sorted(before) if p % 8 == 3), max(before))
+    if side == "owner":
+        out = na.sh("ss", "-K", "-t", "-n", f"sport = :{victim}").stdout
+    else:
+        out = nb.sh("ss", "-K", "-t", "-n", f"dport = :{victim}").stdout
+    assert f":{victim}" in out, f"ss -K destroyed nothing: {out!r}"
+
+    def restored() -> bool:
+        now = {p.local_port for p in _tcp_paths(a, na.addr4, nb.addr4)}
+        return len(now) == want and victim not in now
+
+    assert wait_for(restored, 30), _tcp_paths(a, na.addr4, nb.addr4)
+    after = {p.local_port for p in _tcp_paths(a, na.addr4, nb.addr4)}
+    rds_observe("other_paths_kept", before - {victim} <= after)
+    round_trip(b"after")
+    b.settimeout(0.5)
+    with pytest.raises(TimeoutError):
+        extra = b.recv(100)
+        raise AssertionError(f"delivered twice: {extra!r}")

@@ -36,6 +36,7 @@ from pyrds.userspace.stack.errors import StackError
 from pyrds.userspace.stack.sockopts import getsockopt, setsockopt
 from pyrds.userspace.stack.sockstate import Outgoing
 from pyrds.userspace.transports import loop_transport
+from pyrds.userspace.transports.tcp import conn as tcp_conn
 from pyrds.userspace.transports.tcp import path as tcp_path
 from pyrds.userspace.transports.tcp import rxseq
 from pyrds.userspace.transports.tcp import sockopt as tcp_sockopt
@@ -671,3 +672,71 @@ def test_fan_out_dials_waits_for_path_0_and_for_closing_paths() -> None:
     assert fan_out_dials([K, C, D, K], 4) == [2]
     assert fan_out_dials([K], 4) == [1, 2, 3]  # paths not created yet count as down
     assert fan_out_dials([K, D, X], 3) == []  # a teardown in progress: wait until every path is down
+
+
+def _owner_with_every_path_up(peers: list[socket.socket], frame: bytes) -> tuple[TcpConn, FakeSvc]:
+    """An owner whose peer answered the probe on path 0 with ``frame``, and all 8 paths confirmed."""
+    conn, svc, _stack = make_conn(owner=True)
+    p0 = conn.paths[0]
+    p0.established(connect_from(kernel_port(0), peers))
+    p0.confirm()
+    arrive(p0, peers[-1], frame)
+    assert conn.npaths == 8
+    for p in conn.paths[1:]:
+        p.dial_scheduled = False  # dialled by hand: a real connection from the port that names the path
+        p.established(connect_from(kernel_port(p.index), peers))
+        p.confirm()
+    assert all(p.confirmed for p in conn.paths)
+    svc.timers.clear()
+    return conn, svc
+
+
+def test_a_lost_path_alone_is_redialled_to_a_peer_that_pairs_by_port(peers: list[socket.socket]) -> None:
+    """Every kernel reconnects a lost path on its own (one rds_conn_path): to a peer that names paths by
+    source port, the other seven keep their connections, and the lost one is dialled after SETTLE_DELAY."""
+    conn, svc = _owner_with_every_path_up(peers, _pong(PROBE_7X[32:]))
+    socks = [p.sock for p in conn.paths]
+    conn.paths[3].lost()
+    assert [p.index for p in conn.paths if p.dial_scheduled] == [3]
+    assert [p.sock for p in conn.paths if p.index != 3] == [s for i, s in enumerate(socks) if i != 3]
+    assert not any(p.closing for p in conn.paths)
+    assert [d for d, _fn in svc.timers] == [tcp_conn.SETTLE_DELAY]  # first re-dial: no backoff yet
+    # lost again before it came back: its own backoff grows (path 0's is untouched)
+    conn.paths[3].dial_scheduled = False
+    svc.timers.clear()
+    conn.paths[3].lost()
+    assert conn.backoffs[3].ceiling_ms > 0 and conn.backoffs[0].ceiling_ms == 0
+
+
+@pytest.mark.parametrize(
+    ("frame", "lost"),
+    [
+        pytest.param(_pong(PROBE_7X[32:]), 0, id="7x: path 0 lost"),
+        pytest.param(
+            RDSHeader(sequence=1, sport=0, dport=1, exthdr=(ExtHeader.npaths(8),)).encode(),
+            3,
+            id="6.1: path 3 lost",
+        ),
+    ],
+)
+def test_a_lost_path_0_or_a_path_to_a_6_1_peer_closes_every_path(
+    peers: list[socket.socket], frame: bytes, lost: int
+) -> None:
+    """Path 0 carries the probe, where a restarting peer shows; a 6.1 acceptor gives a connection the first
+    free path: every other path is closed and all are dialled again in order (pathset.py)."""
+    conn, _svc = _owner_with_every_path_up(peers, frame)
+    conn.paths[lost].lost()
+    assert all(p.closing for p in conn.paths if p.index != lost)
+    assert not any(p.dial_scheduled for p in conn.paths)
+
+
+def test_a_scheduled_redial_waits_when_every_path_is_closed_meanwhile(peers: list[socket.socket]) -> None:
+    """Path 3 was lost (its re-dial waits SETTLE_DELAY), then path 0 (a restarting peer): the close of every
+    path follows, and path 3's dial, when its time comes, is not made: path 0 is dialled first."""
+    conn, svc = _owner_with_every_path_up(peers, _pong(PROBE_7X[32:]))
+    conn.paths[3].lost()
+    conn.paths[0].lost()
+    assert all(p.closing for p in conn.paths if p.index not in (0, 3))
+    svc.run_timers(tcp_conn.SETTLE_DELAY)
+    assert conn.paths[3].sock is None and not conn.paths[3].dial_scheduled
+    assert conn.dials_now() == []  # paths still closing

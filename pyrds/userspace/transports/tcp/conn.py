@@ -11,8 +11,13 @@ path 0 until the handshake is done.
 At fan-out (``c_npaths`` becomes > 1) paths > 0 wait until path 0 has no unacked message from before
 (:meth:`PathEngine.begin_catchup`, 7.x ``mprds_catchup_tx0_retries``).
 
-Path pairing and reconnects follow :mod:`pyrds.userspace.proto.pathset`: when the owner loses any path it
-closes all of them gracefully and, once every path is down, re-dials 0, 1, ... in order (a 6.1 acceptor gives
+Path pairing and reconnects follow :mod:`pyrds.userspace.proto.pathset`: when the owner loses a path other
+than 0 while path 0 is confirmed and the peer pairs connections by source port (SPORT_IDX, and it answered our
+probe on the current path 0), that path alone is dialled again, after its own backoff, and the others keep
+their connections, as every kernel does (each ``rds_conn_path`` shuts down and reconnects on its own; a
+dial waits SETTLE_DELAY, so that the loss of every path, a restarting peer, is still seen as one). Losing
+path 0 (where the probe, and a peer's restart, show), or a path of any other peer, the owner closes all
+paths gracefully and, once every path is down, re-dials 0, 1, ... in order (a 6.1 acceptor gives
 a connection the first free path) from source ports with ``port % 8 == index``; the acceptor pairs
 connections by ``port % npaths`` once the peer's probe/pong carried SPORT_IDX (7.x rule), before that a pyrds
 dialer's by the index tag in the source port and others by the first free path. A connection whose path still
@@ -92,17 +97,19 @@ class TcpConn:
         self.laddr, self.faddr = laddr, faddr
         self.owner = should_dial(laddr, faddr)
         cfg = host.config.sysctl
-        self.backoff = ReconnectBackoff(
-            max(1, cfg["reconnect_min_delay_ms"]),
-            max(1, cfg["reconnect_min_delay_ms"], cfg["reconnect_max_delay_ms"]),
-        )
+        lo = max(1, cfg["reconnect_min_delay_ms"])
+        hi = max(lo, cfg["reconnect_max_delay_ms"])
+        #: per path (``cp_reconnect_jiffies``): path 0's also paces the re-dial after a close of every path
+        self.backoffs = [ReconnectBackoff(lo, hi) for _ in range(RDS_MPATH_WORKERS)]
+        self.backoff = self.backoffs[0]
         self.npaths = 0
         self.with_sport_idx = False  # c_with_sport_idx: the peer's last probe/pong carried SPORT_IDX
         #: owner: a pong answered our probe on the current path 0 connection (the peer has read the probe,
         #: and with it our SPORT_IDX): with ``with_sport_idx`` the other paths are dialled all at once
         self.probe_answered = False
         self.probe_sent = False
-        self.redial_backoff = False  # a path was lost: the next dial of path 0 waits
+        #: paths whose next dial waits their backoff (they were lost); path 0 after a close of every path
+        self.redial_waits: set[int] = set()
         self.max_paths = RDS_MPATH_WORKERS  # 1 once a dialer that cannot pair paths (6.1) connected
         self.paths: list[TcpPath] = [TcpPath(self, 0)]
         #: acceptor: connections for a path that was busy when they arrived, with their peer ports
@@ -210,40 +217,61 @@ class TcpConn:
             if p is not path:
                 p.release(p.engine.reset_sequences())
 
+    @property
+    def pairs_by_port(self) -> bool:
+        """Owner: the peer gives each connection the path its source port names (its last probe/pong carried
+        SPORT_IDX) and knows that ours do (it answered our probe on the current path 0)."""
+        return self.with_sport_idx and self.probe_answered
+
     def advance(self) -> None:
-        """Owner: dial the next path (:func:`next_dial`), path 0 after a backoff if a path was lost; to a peer
-        that pairs by port and answered our probe, every down path at once (:func:`fan_out_dials`)."""
+        """Owner: dial the next path (:func:`next_dial`), a lost one after its backoff; to a peer that pairs
+        by port, every down path at once (:func:`fan_out_dials`)."""
         if not self.owner or self.closed:
             return
-        lanes = [p.lane for p in self.paths]
-        if self.with_sport_idx and self.probe_answered:
-            indexes = fan_out_dials(lanes, self.npaths)  # the peer pairs by port: all at once, as the kernel
-        else:
-            index = next_dial(lanes, self.npaths)  # one at a time, in order (a 6.1 acceptor: pathset.py)
-            indexes = [] if index is None else [index]
-        for index in indexes:
+        for index in self.dials_now():
             if index >= len(self.paths) or self.paths[index].dial_scheduled:
                 continue
             delay = 0.0
-            if index == 0 and self.redial_backoff:
-                self.redial_backoff = False
-                delay = max(SETTLE_DELAY, self.backoff.next_delay(time.monotonic()))
+            if index in self.redial_waits:
+                self.redial_waits.discard(index)
+                # after a close of every path: the peer's paths go DOWN after their FIN; after one path's
+                # loss: a restarting peer's path 0 goes too, and then path 0 is dialled first (dials_now)
+                delay = max(SETTLE_DELAY, self.backoffs[index].next_delay(time.monotonic()))
             self.paths[index].dial_soon(delay)
 
+    def dials_now(self) -> list[int]:
+        """Owner: the paths to dial now. To a peer that pairs by port every down path at once
+        (:func:`fan_out_dials`), else one at a time, in order (:func:`next_dial`; a 6.1 acceptor). A dial
+        scheduled earlier asks again when its time comes (:meth:`TcpPath._dial`)."""
+        lanes = [p.lane for p in self.paths]
+        if self.pairs_by_port:
+            return fan_out_dials(lanes, self.npaths)
+        index = next_dial(lanes, self.npaths)
+        return [] if index is None else [index]
+
     def path_confirmed(self, path: TcpPath) -> None:
+        """A path's connection was accepted: its backoff starts again (``rds_connect_path_complete``); path
+        0's, which paces the re-dial of every path, once all of them are."""
+        if path.index != 0:
+            self.backoffs[path.index].reset()
         if all(p.confirmed for p in self.paths[: max(1, self.npaths)]):
             self.backoff.reset()
         self.advance()
 
     def path_down(self, path: TcpPath) -> None:
-        """Owner: a path is gone, so close every other path too and re-dial all of them in order. Acceptor: a
-        connection waiting for this path may take it now."""
+        """Owner: a path is gone. A path other than 0, path 0 confirmed, to a peer that pairs by port
+        (:attr:`pairs_by_port`): that path alone is dialled again. Else every other path is closed too and
+        all are re-dialled in order. Acceptor: a connection waiting for this path may take it now."""
         if self.closed:
             return
         if not self.owner:
             self.admit_waiting()
             return
-        self.redial_backoff = True
+        if path.index != 0 and self.pairs_by_port and self.paths[0].confirmed:
+            self.redial_waits.add(path.index)
+            self.advance()
+            return
+        self.redial_waits = {0}
         for p in self.paths:
             if p is not path:
                 p.begin_close()
