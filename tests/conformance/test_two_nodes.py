@@ -261,8 +261,16 @@ def test_one_path_lost_reconnects_alone(rds_two_nodes, rds_observe, side):
     def round_trip(tag: bytes) -> None:
         for i, s in enumerate(senders):
             s.sendto(tag + bytes([i]), dst)
-        got = sorted(b.recv(100) for _ in senders)
-        assert got == sorted(tag + bytes([i]) for i in range(len(senders)))
+        want_msgs = sorted(tag + bytes([i]) for i in range(len(senders)))
+        got: list[bytes] = []
+        try:
+            while len(got) < len(senders):
+                got.append(b.recv(100))  # 15 s each at most (_pair)
+        except TimeoutError:
+            pass
+        missing = sorted(set(want_msgs) - set(got))
+        paths = [(p.local_port, p.peer_port) for p in _tcp_paths(a, na.addr4, nb.addr4)]
+        assert sorted(got) == want_msgs, f"{tag!r}: missing {missing}, got {sorted(got)}; A's paths {paths}"
 
     round_trip(b"warm")
     assert wait_for(lambda: len(_tcp_paths(a, na.addr4, nb.addr4)) == want, 20), _tcp_paths(

@@ -32,7 +32,8 @@ Nothing on the wire names the path, so both ends must agree on the pairing of TC
   until the old one is gone (7.x stashes it the same way), and the old one's keepalive probe is made at
   once, so a connection the peer lost (a restart, a lost RST) is reset within about a second. To such a
   peer, once it answered our probe on path 0 (it has then read our SPORT_IDX) and path 0 is confirmed, the
-  owner dials every other path at once (:func:`fan_out_dials`), as the kernel's ``rds_start_mprds`` does.
+  owner dials every other path at once (:func:`fan_out_dials`), as the kernel's ``rds_start_mprds`` does,
+  and a lost path other than 0 is dialled again alone (``TcpConn.path_down``), as every kernel does.
   Before any handshake nothing is known: the rules above apply. At fan-out, an acceptor whose path 0 came
   from a port with ``port % npaths != 0`` drops it (the peer opened another path first), like 7.x.
 """
