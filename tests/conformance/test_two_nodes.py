@@ -272,11 +272,19 @@ def test_one_path_lost_reconnects_alone(rds_two_nodes, rds_observe, side):
         paths = [(p.local_port, p.peer_port) for p in _tcp_paths(a, na.addr4, nb.addr4)]
         assert sorted(got) == want_msgs, f"{tag!r}: missing {missing}, got {sorted(got)}; A's paths {paths}"
 
-    round_trip(b"warm")
-    assert wait_for(lambda: len(_tcp_paths(a, na.addr4, nb.addr4)) == want, 20), _tcp_paths(
-        a, na.addr4, nb.addr4
-    )
-    time.sleep(0.5 if want == 1 else 0)
+    # One message first, then every path up on both nodes before more: 6.1 and 6.12 can lose the first
+    # messages sent on several paths while the dialer fans out (seen here: 4 of 16 not there after 15 s,
+    # kernel<->kernel 6.1; kernels.md, the accept path that discards): not what this scenario is about.
+    a.sendto(b"hs", dst)
+    assert b.recv(10) == b"hs"
+
+    def all_up() -> bool:
+        return (
+            len(_tcp_paths(a, na.addr4, nb.addr4)) == want and len(_tcp_paths(b, nb.addr4, na.addr4)) == want
+        )
+
+    assert wait_for(all_up, 20), (_tcp_paths(a, na.addr4, nb.addr4), _tcp_paths(b, nb.addr4, na.addr4))
+    time.sleep(0.5)
     round_trip(b"up")
     before = {p.local_port for p in _tcp_paths(a, na.addr4, nb.addr4)}
     assert len(before) == want
