@@ -78,6 +78,9 @@ class FakeConn:
     def doorbell(self) -> None: ...
     def advance(self) -> None: ...
 
+    def dials_now(self) -> list[int]:
+        return [p.index for p in self.paths if p.sock is None]  # any path without a connection may dial
+
 
 def peer_frames(*payloads: bytes) -> bytes:
     eng = PathEngine(FADDR, LADDR, 1)
