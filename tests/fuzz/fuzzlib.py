@@ -446,6 +446,25 @@ def _recv_reply(s: socket.socket) -> bool:
             return True
 
 
+def is_notice(record: bytes) -> bool:
+    """Whether the service answers ``record`` (as it assembled it) with nothing: a POST, or a well-formed
+    CONSUMED whose ``reply`` byte is 0 (a malformed one drops the connection, which the next record shows)."""
+    if record[:1] == bytes([rpc.TAG_POST]):
+        return True
+    return (
+        record[:1] == bytes([rpc.TAG_CONSUMED])
+        and len(record) in (rpc.CONSUMED.size, rpc.CONSUMED_V1.size)
+        and record[6] == 0
+    )
+
+
+def control_accounted(st: Stats) -> int:
+    """The control records of a run that had an outcome: answered, dropped, left incomplete, or notices."""
+    extra = st.extra
+    notices = extra.get("posts", 0) + extra.get("consumed_notices", 0)
+    return st.answered + st.dropped + extra.get("incomplete", 0) + notices
+
+
 def _control_conn(addr: bytes) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
@@ -480,6 +499,7 @@ def fuzz_control(
         s: socket.socket | None = None
         used = 0
         setup: list[bytes] = []
+        pending = b""  # records sent so far whose last packet said MORE: the service joins the next one on
         while st.count < count:
             for _ in range(min(batch, count - st.count)):
                 if s is None or used >= per_conn:
@@ -488,6 +508,7 @@ def fuzz_control(
                     s = _control_conn(addr)
                     st.connections += 1
                     used = 0
+                    pending = b""
                     # most connections open their RDS socket first (and some bind it), so that what follows
                     # reaches the operations' handlers instead of stopping at EBADF; these count as inputs
                     setup = [OPEN_RECORD] if rng.random() < 0.9 else []
@@ -502,11 +523,14 @@ def fuzz_control(
                         s.send(p)
                     if p[:1] == b"\x01":
                         st.extra["incomplete"] = st.extra.get("incomplete", 0) + 1
+                        pending += rec
                         continue  # the record is not complete: no reply yet (the next one continues it)
-                    if rec[:1] == bytes([rpc.TAG_POST]):
-                        # a POST notice is never answered: the next record (or the health check) shows
-                        # whether the service took it or dropped the connection
-                        st.extra["posts"] = st.extra.get("posts", 0) + 1
+                    assembled, pending = pending + rec, b""
+                    if is_notice(assembled):
+                        # a notice (POST, CONSUMED without reply) is never answered: the next record (or the
+                        # health check) shows whether the service took it or dropped the connection
+                        kind = "posts" if assembled[0] == rpc.TAG_POST else "consumed_notices"
+                        st.extra[kind] = st.extra.get(kind, 0) + 1
                         continue
                     alive = _recv_reply(s)
                 except (BrokenPipeError, ConnectionResetError):

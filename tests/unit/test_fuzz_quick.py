@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from pyrds.userspace import rpc
 from tests.fuzz import fuzzlib
 
 CONTROL = 10_000
@@ -20,7 +21,20 @@ def test_fuzz_control_records_quick() -> None:
     with fuzzlib.isolated_stack_env():
         st = fuzzlib.fuzz_control(CONTROL, seed=1, batch=2_500, max_seconds=60)
     fuzzlib.check(st, CONTROL)
-    assert st.answered + st.dropped + st.extra.get("incomplete", 0) + st.extra.get("posts", 0) == st.count
+    assert fuzzlib.control_accounted(st) == st.count
+
+
+def test_a_consumed_notice_without_reply_is_not_waited_for() -> None:
+    """The full run (tox -e fuzz, 2026-12-08) reported a hang at record 720,475: a well-formed CONSUMED
+    (03 00000000 00 00) with ``reply`` 0, which the service rightly leaves unanswered. Notices are judged as
+    the service assembles them (a record after one whose last packet said MORE is joined to it)."""
+    rec = bytes.fromhex("03000000000000")
+    assert fuzzlib.is_notice(rec)
+    assert fuzzlib.is_notice(rpc.CONSUMED.pack(rpc.TAG_CONSUMED, 2, 1, 0, 7))
+    assert not fuzzlib.is_notice(rpc.CONSUMED.pack(rpc.TAG_CONSUMED, 2, 1, 1, 7))  # reply asked for
+    assert not fuzzlib.is_notice(rec + b"\0")  # malformed: the service drops the connection
+    assert fuzzlib.is_notice(bytes([rpc.TAG_POST]) + b"anything")
+    assert not fuzzlib.is_notice(b"")
 
 
 @pytest.mark.netns
