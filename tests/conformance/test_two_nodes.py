@@ -258,6 +258,10 @@ def test_one_path_lost_reconnects_alone(rds_two_nodes, rds_observe, side):
         s.bind((na.addr4, 0))
     dst = b.getsockname()
 
+    def a_ports() -> set[int]:
+        """The local ports of A's TCP paths to B."""
+        return {p.local_port for p in _tcp_paths(a, na.addr4, nb.addr4)}
+
     def round_trip(tag: bytes) -> None:
         for i, s in enumerate(senders):
             s.sendto(tag + bytes([i]), dst)
@@ -269,8 +273,9 @@ def test_one_path_lost_reconnects_alone(rds_two_nodes, rds_observe, side):
         except TimeoutError:
             pass
         missing = sorted(set(want_msgs) - set(got))
-        paths = [(p.local_port, p.peer_port) for p in _tcp_paths(a, na.addr4, nb.addr4)]
-        assert sorted(got) == want_msgs, f"{tag!r}: missing {missing}, got {sorted(got)}; A's paths {paths}"
+        assert sorted(got) == want_msgs, (
+            f"{tag!r}: missing {missing}, got {sorted(got)}; A's ports {a_ports()}"
+        )
 
     # One message first, then every path up on both nodes before more: 6.1 and 6.12 can lose the first
     # messages sent on several paths while the dialer fans out (seen here: 4 of 16 not there after 15 s,
@@ -279,14 +284,12 @@ def test_one_path_lost_reconnects_alone(rds_two_nodes, rds_observe, side):
     assert b.recv(10) == b"hs"
 
     def all_up() -> bool:
-        return (
-            len(_tcp_paths(a, na.addr4, nb.addr4)) == want and len(_tcp_paths(b, nb.addr4, na.addr4)) == want
-        )
+        return len(a_ports()) == want and len(_tcp_paths(b, nb.addr4, na.addr4)) == want
 
     assert wait_for(all_up, 20), (_tcp_paths(a, na.addr4, nb.addr4), _tcp_paths(b, nb.addr4, na.addr4))
     time.sleep(0.5)
     round_trip(b"up")
-    before = {p.local_port for p in _tcp_paths(a, na.addr4, nb.addr4)}
+    before = a_ports()
     assert len(before) == want
     # a path other than 0: a 7.x or pyrds dialer names path i by port % 8 == i (6.1's ports are random)
     victim = next((p for p in sorted(before) if p % 8 == 3), max(before))
@@ -297,11 +300,11 @@ def test_one_path_lost_reconnects_alone(rds_two_nodes, rds_observe, side):
     assert f":{victim}" in out, f"ss -K destroyed nothing: {out!r}"
 
     def restored() -> bool:
-        now = {p.local_port for p in _tcp_paths(a, na.addr4, nb.addr4)}
+        now = a_ports()
         return len(now) == want and victim not in now
 
-    assert wait_for(restored, 30), _tcp_paths(a, na.addr4, nb.addr4)
-    after = {p.local_port for p in _tcp_paths(a, na.addr4, nb.addr4)}
+    assert wait_for(restored, 30), a_ports()
+    after = a_ports()
     rds_observe("other_paths_kept", before - {victim} <= after)
     round_trip(b"after")
     b.settimeout(0.5)

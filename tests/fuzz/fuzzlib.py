@@ -446,16 +446,16 @@ def _recv_reply(s: socket.socket) -> bool:
             return True
 
 
-def is_notice(record: bytes) -> bool:
-    """Whether the service answers ``record`` (as it assembled it) with nothing: a POST, or a well-formed
-    CONSUMED whose ``reply`` byte is 0 (a malformed one drops the connection, which the next record shows)."""
+def notice_kind(record: bytes) -> str | None:
+    """The counter of a record (as the service assembled it) that the service answers with nothing: "posts"
+    for a POST, "consumed_notices" for a well-formed CONSUMED whose ``reply`` is 0 (a malformed one drops the
+    connection, which the next record shows); None for a record that is answered."""
     if record[:1] == bytes([rpc.TAG_POST]):
-        return True
-    return (
-        record[:1] == bytes([rpc.TAG_CONSUMED])
-        and len(record) in (rpc.CONSUMED.size, rpc.CONSUMED_V1.size)
-        and record[6] == 0
-    )
+        return "posts"
+    if record[:1] == bytes([rpc.TAG_CONSUMED]) and len(record) in (rpc.CONSUMED.size, rpc.CONSUMED_V1.size):
+        _tag, _count, _drained, reply = rpc.CONSUMED_V1.unpack_from(record)
+        return None if reply else "consumed_notices"
+    return None
 
 
 def control_accounted(st: Stats) -> int:
@@ -526,10 +526,10 @@ def fuzz_control(
                         pending += rec
                         continue  # the record is not complete: no reply yet (the next one continues it)
                     assembled, pending = pending + rec, b""
-                    if is_notice(assembled):
+                    kind = notice_kind(assembled)
+                    if kind is not None:
                         # a notice (POST, CONSUMED without reply) is never answered: the next record (or the
                         # health check) shows whether the service took it or dropped the connection
-                        kind = "posts" if assembled[0] == rpc.TAG_POST else "consumed_notices"
                         st.extra[kind] = st.extra.get(kind, 0) + 1
                         continue
                     alive = _recv_reply(s)

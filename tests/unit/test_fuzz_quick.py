@@ -29,12 +29,12 @@ def test_a_consumed_notice_without_reply_is_not_waited_for() -> None:
     (03 00000000 00 00) with ``reply`` 0, which the service rightly leaves unanswered. Notices are judged as
     the service assembles them (a record after one whose last packet said MORE is joined to it)."""
     rec = bytes.fromhex("03000000000000")
-    assert fuzzlib.is_notice(rec)
-    assert fuzzlib.is_notice(rpc.CONSUMED.pack(rpc.TAG_CONSUMED, 2, 1, 0, 7))
-    assert not fuzzlib.is_notice(rpc.CONSUMED.pack(rpc.TAG_CONSUMED, 2, 1, 1, 7))  # reply asked for
-    assert not fuzzlib.is_notice(rec + b"\0")  # malformed: the service drops the connection
-    assert fuzzlib.is_notice(bytes([rpc.TAG_POST]) + b"anything")
-    assert not fuzzlib.is_notice(b"")
+    assert fuzzlib.notice_kind(rec) == "consumed_notices"
+    assert fuzzlib.notice_kind(rpc.CONSUMED.pack(rpc.TAG_CONSUMED, 2, 1, 0, 7)) == "consumed_notices"
+    assert fuzzlib.notice_kind(rpc.CONSUMED.pack(rpc.TAG_CONSUMED, 2, 1, 1, 7)) is None  # reply asked for
+    assert fuzzlib.notice_kind(rec + b"\0") is None  # malformed: the service drops the connection
+    assert fuzzlib.notice_kind(bytes([rpc.TAG_POST]) + b"anything") == "posts"
+    assert fuzzlib.notice_kind(b"") is None
 
 
 @pytest.mark.netns

@@ -101,7 +101,6 @@ class TcpConn:
         hi = max(lo, cfg["reconnect_max_delay_ms"])
         #: per path (``cp_reconnect_jiffies``): path 0's also paces the re-dial after a close of every path
         self.backoffs = [ReconnectBackoff(lo, hi) for _ in range(RDS_MPATH_WORKERS)]
-        self.backoff = self.backoffs[0]
         self.npaths = 0
         self.with_sport_idx = False  # c_with_sport_idx: the peer's last probe/pong carried SPORT_IDX
         #: owner: a pong answered our probe on the current path 0 connection (the peer has read the probe,
@@ -255,7 +254,7 @@ class TcpConn:
         if path.index != 0:
             self.backoffs[path.index].reset()
         if all(p.confirmed for p in self.paths[: max(1, self.npaths)]):
-            self.backoff.reset()
+            self.backoffs[0].reset()
         self.advance()
 
     def path_down(self, path: TcpPath) -> None:
